@@ -1,0 +1,1 @@
+"""jax_kvoffload.store (see docs/architecture.md)."""

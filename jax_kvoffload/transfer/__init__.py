@@ -1,0 +1,1 @@
+"""jax_kvoffload.transfer (see docs/architecture.md)."""
