@@ -1,0 +1,104 @@
+"""Typed errors of the offloading boundary.
+
+vLLM's `build_offloading_config` signals bad input with `ValueError` and, in several
+places, with `assert`. Every such condition raises one of these classes instead: all
+subclass `ValueError` (so code written against vLLM's ValueErrors keeps working), carry
+the numbers involved as attributes, and keep vLLM's wording so that messages can be
+searched for in vLLM's issues.
+"""
+
+from __future__ import annotations
+
+
+class OffloadConfigError(ValueError):
+    """Base class of every error raised while building or validating a config."""
+
+
+class ConfigFieldError(OffloadConfigError):
+    """A constructor argument has a bad value; `field` names it."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+class MissingTransferConfigError(OffloadConfigError):
+    """No KV transfer config, or one without an engine id (vLLM asserts)."""
+
+
+class NoEligibleGroupsError(OffloadConfigError):
+    """No KV cache group can be offloaded (vLLM: ValueError)."""
+
+    def __init__(self) -> None:
+        super().__init__("KV offloading found no eligible cache groups.")
+
+
+class PrefixMatchUnitError(OffloadConfigError):
+    """`cache_config.prefix_match_unit` does not divide the group block sizes."""
+
+    def __init__(self, message: str, *, prefix_match_unit: int, block_sizes: tuple[int, ...]):
+        super().__init__(message)
+        self.prefix_match_unit = prefix_match_unit
+        self.block_sizes = block_sizes
+
+
+class StateAlignmentError(OffloadConfigError):
+    """Prefix-cache boundaries do not align with a spec's per-state compression."""
+
+    def __init__(self, message: str, *, alignment: int, alignments: tuple[int, ...]):
+        super().__init__(message)
+        self.alignment = alignment
+        self.alignments = alignments
+
+
+class TokensPerHashError(OffloadConfigError):
+    """A group's tokens per block is not a multiple of tokens per hash (vLLM asserts)."""
+
+    def __init__(self, *, group_id: int, tokens_per_block: int, tokens_per_hash: int) -> None:
+        super().__init__(
+            f"tokens_per_block={tokens_per_block} not divisible by "
+            f"tokens_per_hash={tokens_per_hash}. "
+            "Hybrid models (e.g. Mamba+Attention) need "
+            "--enable-prefix-caching to align block sizes."
+        )
+        self.group_id = group_id
+        self.tokens_per_block = tokens_per_block
+        self.tokens_per_hash = tokens_per_hash
+
+
+class ChunkSizeError(OffloadConfigError):
+    """`block_size` / `blocks_per_chunk` in the extra config are inconsistent."""
+
+
+class NonUniformBlockSizeError(ChunkSizeError):
+    """`block_size` given, but the offloaded groups differ in block size (vLLM asserts)."""
+
+    def __init__(self, tokens_per_block: tuple[int, ...]) -> None:
+        super().__init__(
+            "If 'block_size' is specified in kv_connector_extra_config, "
+            "there must be at least one KV cache group, "
+            "and all groups must have the same block size. "
+            f"Got group block sizes {list(tokens_per_block)}; "
+            "set 'blocks_per_chunk' instead."
+        )
+        self.tokens_per_block = tokens_per_block
+
+
+class ChunkMultipleError(ChunkSizeError):
+    """`block_size` is not a multiple of the GPU block size; `suggested` is the fix."""
+
+    def __init__(self, *, tokens_per_chunk: int, tokens_per_block: int, suggested: int) -> None:
+        super().__init__(
+            f"'block_size'={tokens_per_chunk} in kv_connector_extra_config "
+            f"must be a multiple of the GPU KV cache block size "
+            f"({tokens_per_block} tokens). Use "
+            f"{suggested} instead, or set "
+            f"'blocks_per_chunk' to express the chunk size in blocks."
+        )
+        self.tokens_per_chunk = tokens_per_chunk
+        self.tokens_per_block = tokens_per_block
+        self.suggested = suggested
+
+
+class WindowSpecError(OffloadConfigError):
+    """A selected group's spec has no defined window in chunks (vLLM asserts)."""
