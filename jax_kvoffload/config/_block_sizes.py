@@ -52,7 +52,9 @@ def resolve_kv_cache_block_sizes(kv_cache_config: Any, engine_config: Any) -> tu
         # Mamba outside align mode breaks divisibility: back off to the scheduler size.
         return scheduler, scheduler
 
-    hashing = [size for g, size in zip(groups, sizes) if g.kv_cache_spec.prefix_cacheable] or sizes
+    hashing = [
+        size for g, size in zip(groups, sizes, strict=True) if g.kv_cache_spec.prefix_cacheable
+    ] or sizes
     unit = cache_config.prefix_match_unit
     hash_size = unit if unit is not None else math.gcd(*hashing)
     if any(size % hash_size for size in hashing):
@@ -74,7 +76,7 @@ def resolve_kv_cache_block_sizes(kv_cache_config: Any, engine_config: Any) -> tu
         isinstance(s, MambaSpec)
         and s.mamba_cache_mode == "align"
         and ((dcp == 1 and size > hash_size) or (dcp > 1 and size >= hash_size))
-        for g, size in zip(groups, sizes)
+        for g, size in zip(groups, sizes, strict=True)
         for s in iter_layer_specs(g.kv_cache_spec)
     )
     hit_alignment = hash_size if partial_mamba else scheduler

@@ -334,7 +334,7 @@ class MambaSpec(KVCacheSpec):
     def real_page_size_bytes(self) -> int:
         return sum(
             int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-            for shape, dtype in zip(self.shapes, self.dtypes)
+            for shape, dtype in zip(self.shapes, self.dtypes, strict=True)
         )
 
     @property

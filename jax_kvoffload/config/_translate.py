@@ -215,7 +215,7 @@ def build_offloading_config(engine_config: Any, kv_cache_config: Any) -> Offload
     tokens_per_block = [resolve_dcp_kv_block_size(g.kv_cache_spec, dcp) for _, g in selected]
     provisional = tuple(
         OffloadingGroupConfig(tpb, tuple(g.layer_names), gid)
-        for tpb, (gid, g) in zip(tokens_per_block, selected)
+        for tpb, (gid, g) in zip(tokens_per_block, selected, strict=True)
     )
 
     _, tokens_per_hash = resolve_kv_cache_block_sizes(kv_cache_config, engine_config)
@@ -237,7 +237,7 @@ def build_offloading_config(engine_config: Any, kv_cache_config: Any) -> Offload
                 next(iter_layer_specs(g.kv_cache_spec)), group.tokens_per_block * blocks_per_chunk
             ),
         )
-        for group, (_, g) in zip(provisional, selected)
+        for group, (_, g) in zip(provisional, selected, strict=True)
     )
 
     worker_bytes = _worker_kv_bytes_per_block(kv_cache_config, selected)
