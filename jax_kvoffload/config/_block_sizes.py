@@ -35,9 +35,9 @@ def resolve_kv_cache_block_sizes(kv_cache_config: Any, engine_config: Any) -> tu
         unit = cache_config.prefix_match_unit
         if unit is not None and unit != bs and len(groups) == 1 and block_hashing:
             raise PrefixMatchUnitError(
-                f"Invalid prefix_match_unit={unit}: with a single KV cache group, "
-                f"prefix-cache hits land on the block size ({bs} tokens). "
-                f"Unset prefix_match_unit or set it to {bs}.",
+                f"Invalid prefix_match_unit={unit}; "
+                "with a single KV cache group, prefix-cache hits land on the "
+                f"block size ({bs}). Unset it or set it to {bs}.",
                 prefix_match_unit=unit,
                 block_sizes=(bs,),
             )
