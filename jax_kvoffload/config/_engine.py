@@ -70,6 +70,12 @@ class ParallelConfig:
             "cp_kv_cache_interleave_size",
         ):
             v.check_int(name, getattr(self, name), minimum=1)
+        if self.tensor_parallel_size % self.decode_context_parallel_size:
+            raise ConfigFieldError(
+                "decode_context_parallel_size",
+                f"tensor_parallel_size={self.tensor_parallel_size} must be divisible by "
+                f"decode_context_parallel_size={self.decode_context_parallel_size} (vLLM's rule)",
+            )
         if self.world_size is None:
             world = (
                 self.pipeline_parallel_size
@@ -81,10 +87,12 @@ class ParallelConfig:
         if self.distributed_executor_backend is None:
             backend = "mp" if self.world_size > 1 else "uni"
             object.__setattr__(self, "distributed_executor_backend", backend)
-        if self.distributed_executor_backend not in EXECUTOR_BACKENDS:
+        backend = self.distributed_executor_backend
+        # "class:<name>" stands for an Executor class passed to vLLM instead of a name.
+        if backend not in EXECUTOR_BACKENDS and not str(backend).startswith("class:"):
             raise ConfigFieldError(
                 "distributed_executor_backend",
-                f"must be one of {EXECUTOR_BACKENDS}, got {self.distributed_executor_backend!r}",
+                f"must be one of {EXECUTOR_BACKENDS} or 'class:<name>', got {backend!r}",
             )
         v.check_int("rank", self.rank, minimum=0)
         if self.rank >= self.world_size:

@@ -369,6 +369,8 @@ class _HiSparseSpec(KVCacheSpec):
 class HiSparseHotSpec(_HiSparseSpec):
     """HiSparse device-hot pages (not prefix cacheable)."""
 
+    blocks_per_request: int | None = None
+
 
 @dataclass(frozen=True, kw_only=True)
 class HiSparseResidentSpec(_HiSparseSpec):

@@ -183,7 +183,7 @@ def engine_configs(draw, extra=None, bs=None):
             tensor_parallel_size=tp,
             pipeline_parallel_size=pp,
             prefill_context_parallel_size=pcp,
-            decode_context_parallel_size=draw(st.sampled_from([1, 1, 2])),
+            decode_context_parallel_size=draw(st.sampled_from([1, 1, 2])) if tp % 2 == 0 else 1,
             rank=draw(st.integers(0, world - 1)),
             distributed_executor_backend=draw(st.sampled_from([None, "mp", "uni", "ray"])),
             nnodes_within_dp=draw(st.sampled_from([1, 1, 2])),

@@ -119,6 +119,10 @@ def test_dtypes_accept_jax_numpy_and_names():
         (lambda: ParallelConfig(tensor_parallel_size=0), "tensor_parallel_size: must be >= 1"),
         (lambda: ParallelConfig(tensor_parallel_size=2, rank=2), r"rank: 2 is not in \[0, "),
         (
+            lambda: ParallelConfig(decode_context_parallel_size=2),
+            "tensor_parallel_size=1 must be divisible by decode_context_parallel_size=2",
+        ),
+        (
             lambda: ParallelConfig(distributed_executor_backend="slurm"),
             "distributed_executor_backend: must be one of",
         ),

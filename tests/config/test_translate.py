@@ -111,7 +111,7 @@ def test_a8_dcp_scales_a_uniform_mla_wrapper(dcp, expected):
     wrapper = UniformTypeKVCacheSpecs(
         block_size=16, kv_cache_specs={"a": mla(16, 512), "b": mla(16, 128)}
     )
-    cfg = build(kv_config(group(wrapper, "a", "b")), dcp=dcp)
+    cfg = build(kv_config(group(wrapper, "a", "b")), tp=2, dcp=dcp)
     assert cfg.groups[0].tokens_per_block == expected
     assert cfg.cache.tokens_per_hash == expected
 
