@@ -36,6 +36,7 @@ from jax_kvoffload.config._errors import StateAlignmentError as StateAlignmentEr
 from jax_kvoffload.config._errors import TokensPerHashError as TokensPerHashError
 from jax_kvoffload.config._errors import WindowSpecError as WindowSpecError
 from jax_kvoffload.config._frozen import FrozenDict as FrozenDict
+from jax_kvoffload.config._gates import spec_certifiable as spec_certifiable
 from jax_kvoffload.config._kv_cache import KVCacheConfig as KVCacheConfig
 from jax_kvoffload.config._kv_cache import KVCacheGroupRole as KVCacheGroupRole
 from jax_kvoffload.config._kv_cache import KVCacheGroupSpec as KVCacheGroupSpec
@@ -61,17 +62,19 @@ from jax_kvoffload.config._specs import SlidingWindowSpec as SlidingWindowSpec
 from jax_kvoffload.config._specs import UniformTypeKVCacheSpecs as UniformTypeKVCacheSpecs
 from jax_kvoffload.config._specs import iter_layer_specs as iter_layer_specs
 from jax_kvoffload.config._specs import kv_quant_mode_for as kv_quant_mode_for
+from jax_kvoffload.config._translate import Certification as Certification
 from jax_kvoffload.config._translate import build_offloading_config as build_offloading_config
+from jax_kvoffload.config._translate import certify as certify
 from jax_kvoffload.config._translate import get_offloading_group_ids as get_offloading_group_ids
 from jax_kvoffload.config._translate import (
     get_sliding_window_size_in_chunks as get_sliding_window_size_in_chunks,
 )
 from jax_kvoffload.config._translate import group_kv_bytes_per_block as group_kv_bytes_per_block
-from jax_kvoffload.config._translate import spec_certifiable as spec_certifiable
 
 __all__ = [
     "AttentionSpec",
     "CacheConfig",
+    "Certification",
     "ChunkMultipleError",
     "ChunkSizeError",
     "ChunkedLocalAttentionSpec",
@@ -118,6 +121,7 @@ __all__ = [
     "WindowSpecError",
     "as_dtype",
     "build_offloading_config",
+    "certify",
     "get_offloading_group_ids",
     "get_sliding_window_size_in_chunks",
     "group_kv_bytes_per_block",

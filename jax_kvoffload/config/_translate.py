@@ -11,6 +11,7 @@ Inputs are read by attribute only, with vLLM's attribute names: this module's ow
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from jax_kvoffload.config._block_sizes import (
@@ -33,15 +34,21 @@ from jax_kvoffload.config._errors import (
     TokensPerHashError,
     WindowSpecError,
 )
+from jax_kvoffload.config._gates import (
+    Verdict,
+    agnostic_checks,
+    canonical_agnostic_checks,
+    canonical_replicated_checks,
+    passes,
+    replicated_checks,
+    verdicts,
+)
 from jax_kvoffload.config._kv_cache import KVCacheGroupRole
 from jax_kvoffload.config._specs import (
-    AttentionSpec,
     ChunkedLocalAttentionSpec,
     FullAttentionSpec,
     KVCacheSpec,
     MambaSpec,
-    MLAAttentionSpec,
-    SlidingWindowMLASpec,
     SlidingWindowSpec,
     UniformTypeKVCacheSpecs,
     iter_layer_specs,
@@ -111,22 +118,6 @@ def group_kv_bytes_per_block(group: Any) -> int:
     return spec.page_size_bytes * len(group.layer_names)
 
 
-def spec_certifiable(spec: KVCacheSpec, tp_size: int, total_kv_heads: int) -> bool:
-    """Conservative static mirror of the canonical mapping's per-layer checks (spec 3.10)."""
-    if not isinstance(spec, AttentionSpec):
-        return False
-    if spec.kv_quant_mode.is_per_token_head:
-        return False
-    if type(spec) is MLAAttentionSpec:
-        return spec.tokens_per_state == 1 and spec.real_page_size_bytes % spec.block_size == 0
-    if isinstance(spec, (SlidingWindowMLASpec, MLAAttentionSpec)):
-        return False
-    if not isinstance(spec, (FullAttentionSpec, SlidingWindowSpec)):
-        return False
-    heads_divide = total_kv_heads % tp_size == 0 or tp_size % total_kv_heads == 0
-    return heads_divide and spec.num_kv_heads == max(1, total_kv_heads // tp_size)
-
-
 def _parse_int(extra: Mapping[str, Any], key: str) -> int:
     value = extra[key]
     try:
@@ -178,6 +169,47 @@ def _worker_kv_bytes_per_block(kv_cache_config: Any, selected: list[tuple[int, A
     if kv_cache_config.num_blocks > 0:
         return sum(group_kv_bytes_per_block(group) for _, group in selected)
     return 0
+
+
+@dataclass(frozen=True)
+class Certification:
+    """The three layout flags and the checks that decided them (for `explain`)."""
+
+    canonical_layout: bool
+    is_parallelism_agnostic: bool
+    replicated_layout: bool
+    agnostic: tuple[Verdict, ...]
+    canonical_agnostic: tuple[Verdict, ...] | None
+    replicated: tuple[Verdict, ...]
+
+
+def certify(
+    engine_config: Any, kv_cache_config: Any, selected: list[tuple[int, Any]], worker_bytes: int
+) -> Certification:
+    """Rules 8-11: replicated layout, canonical layout, parallelism agnosticism."""
+    extra = engine_config.kv_transfer_config.kv_connector_extra_config
+    canonical_layout = bool(extra.get("canonical_layout", False))
+    agnostic_gate = agnostic_checks(engine_config, kv_cache_config)
+    agnostic = passes(agnostic_gate)
+    canonical_gate = None
+    # Canonical pages are topology-free: the gate widens to configs whose every layer
+    # certifies (vLLM checks this statically; registration re-derives per layer).
+    if canonical_layout and not agnostic:
+        canonical_gate = canonical_agnostic_checks(engine_config, kv_cache_config)
+        agnostic = passes(canonical_gate)
+    if canonical_layout:
+        # Recomputed from spec types; the default-path value is discarded.
+        replicated_gate = canonical_replicated_checks(engine_config, selected, agnostic)
+    else:
+        replicated_gate = replicated_checks(engine_config, kv_cache_config, worker_bytes)
+    return Certification(
+        canonical_layout=canonical_layout,
+        is_parallelism_agnostic=agnostic,
+        replicated_layout=passes(replicated_gate),
+        agnostic=verdicts(agnostic_gate),
+        canonical_agnostic=None if canonical_gate is None else verdicts(canonical_gate),
+        replicated=verdicts(replicated_gate),
+    )
 
 
 def build_offloading_config(engine_config: Any, kv_cache_config: Any) -> OffloadingConfig:
@@ -241,61 +273,7 @@ def build_offloading_config(engine_config: Any, kv_cache_config: Any) -> Offload
     )
 
     worker_bytes = _worker_kv_bytes_per_block(kv_cache_config, selected)
-    all_groups = kv_cache_config.kv_cache_groups
-    single_group_spec = all_groups[0].kv_cache_spec if len(all_groups) == 1 else None
-    tp = parallel.tensor_parallel_size
-    pp = parallel.pipeline_parallel_size
-    pcp = parallel.prefill_context_parallel_size
-    world = parallel.world_size
-
-    replicated_layout = (
-        model.use_mla
-        and tp > 1
-        and kv_cache_config.kv_tp_replicas == tp
-        and worker_bytes > 0
-        # vLLM's MVP boundary: TP only, single-node shared-memory executor.
-        and pp == 1
-        and pcp == 1
-        and dcp == 1
-        and world == tp
-        and parallel.distributed_executor_backend == "mp"
-        and parallel.nnodes_within_dp == 1
-    )
-
-    canonical_layout = bool(extra.get("canonical_layout", False))
-    total_kv_heads = model.get_total_num_kv_heads()
-    # Only one non-MLA full-attention group with genuinely head-sharded pages is
-    # portable as-is; PP and world size are deliberately not checked (vLLM 0.33.0).
-    is_parallelism_agnostic = (
-        not engine_config.use_v2_model_runner
-        and single_group_spec is not None
-        and isinstance(single_group_spec, FullAttentionSpec)
-        and not isinstance(single_group_spec, MLAAttentionSpec)
-        and single_group_spec.num_kv_heads * tp == total_kv_heads
-        and not single_group_spec.kv_quant_mode.is_per_token_head
-        and dcp == 1
-        and pcp == 1
-    )
-    if canonical_layout and not is_parallelism_agnostic:
-        layer_specs = [s for g in all_groups for s in iter_layer_specs(g.kv_cache_spec)]
-        is_parallelism_agnostic = (
-            len(layer_specs) > 0
-            and all(spec_certifiable(s, tp, total_kv_heads) for s in layer_specs)
-            and dcp == 1
-            and pcp == 1
-            and world == tp
-        )
-    if canonical_layout:
-        replicated_layout = (
-            is_parallelism_agnostic
-            and all(
-                type(s) is MLAAttentionSpec
-                for _, g in selected
-                for s in iter_layer_specs(g.kv_cache_spec)
-            )
-            and parallel.nnodes_within_dp == 1
-            and (world == 1 or parallel.distributed_executor_backend == "mp")
-        )
+    certification = certify(engine_config, kv_cache_config, selected, worker_bytes)
 
     events = engine_config.kv_events_config
     cache_dtype = (
@@ -319,17 +297,17 @@ def build_offloading_config(engine_config: Any, kv_cache_config: Any) -> Offload
         ),
         parallel=OffloadingParallelConfig(
             rank=parallel.rank,
-            world_size=world,
-            tp_size=tp,
-            pp_size=pp,
-            pcp_size=pcp,
+            world_size=parallel.world_size,
+            tp_size=parallel.tensor_parallel_size,
+            pp_size=parallel.pipeline_parallel_size,
+            pcp_size=parallel.prefill_context_parallel_size,
             dcp_size=dcp,
             data_parallel_index=parallel.data_parallel_index,
             data_parallel_size=parallel.data_parallel_size,
             data_parallel_rank_local=parallel.data_parallel_rank_local,
-            is_parallelism_agnostic=bool(is_parallelism_agnostic),
+            is_parallelism_agnostic=certification.is_parallelism_agnostic,
         ),
-        replicated_layout=bool(replicated_layout),
-        canonical_layout=canonical_layout,
+        replicated_layout=certification.replicated_layout,
+        canonical_layout=certification.canonical_layout,
         kv_cache_layout=engine_config.cache_config.kv_cache_layout,
     )
