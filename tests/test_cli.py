@@ -1,0 +1,136 @@
+"""The command line: `config explain` on good and bad files, and the help."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from jax_kvoffload.cli import main
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "docs" / "examples"
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_help_lists_the_commands(capsys):
+    code, out, _ = run(capsys)
+    assert code == 0
+    assert "config" in out
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in EXAMPLES.glob("*.json")))
+def test_explain_the_shipped_examples(capsys, name):
+    code, out, err = run(capsys, "config", "explain", str(EXAMPLES / name))
+    assert (code, err) == (0, "")
+    assert "OffloadingConfig" in out
+    assert "=> is_parallelism_agnostic:" in out
+
+
+def test_explain_says_which_check_decided(capsys):
+    code, out, _ = run(capsys, "config", "explain", str(EXAMPLES / "llama-tp2.json"))
+    assert code == 0
+    assert "blocks_per_chunk=4" in out
+    assert "replicated_layout: False\n    [NO ] the model uses MLA" in out
+
+
+def test_explain_json_parses(capsys):
+    code, out, _ = run(
+        capsys, "config", "explain", "--json", str(EXAMPLES / "deepseek-mla-canonical.json")
+    )
+    assert code == 0
+    data = json.loads(out)
+    assert data["offloading_config"]["replicated_layout"] is True
+    gate = data["why"]["is_parallelism_agnostic"]["canonical_gate"]
+    assert all(row["passed"] for row in gate)
+
+
+def write(tmp_path: Path, data) -> str:
+    path = tmp_path / "cfg.json"
+    path.write_text(data if isinstance(data, str) else json.dumps(data))
+    return str(path)
+
+
+def good() -> dict:
+    return json.loads((EXAMPLES / "llama-tp2.json").read_text())
+
+
+def mutate(fn):
+    data = good()
+    fn(data)
+    return data
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ("{not json", "not valid JSON"),
+        ({"engine": {}}, "missing keys ['kv_cache']"),
+        (mutate(lambda d: d["engine"].update(typo=1)), "engine: unknown keys ['typo']"),
+        (
+            mutate(
+                lambda d: d["kv_cache"]["kv_cache_groups"][0]["kv_cache_spec"].update(type="Nope")
+            ),
+            "kv_cache.kv_cache_groups[0].kv_cache_spec.type: unknown spec 'Nope'",
+        ),
+        (
+            mutate(
+                lambda d: d["kv_cache"]["kv_cache_groups"][0]["kv_cache_spec"].update(block_size=0)
+            ),
+            "kv_cache.kv_cache_groups[0].kv_cache_spec.block_size: must be >= 1, got 0",
+        ),
+        (
+            mutate(lambda d: d["engine"]["model_config"].update(dtype="float13")),
+            "engine.model_config.dtype: unknown dtype name 'float13'",
+        ),
+        (
+            mutate(lambda d: d["engine"]["parallel_config"].update(rank=5)),
+            "engine.parallel_config.rank: 5 is not in [0, world_size=2)",
+        ),
+        (
+            mutate(
+                lambda d: d["engine"]["kv_transfer_config"]["kv_connector_extra_config"].update(
+                    block_size=40
+                )
+            ),
+            "Use 48 instead",
+        ),
+    ],
+)
+def test_bad_files_give_one_clear_line_and_exit_2(capsys, tmp_path, data, message):
+    code, out, err = run(capsys, "config", "explain", write(tmp_path, data))
+    assert code == 2
+    assert out == ""
+    assert err.startswith("error: ")
+    assert message in err
+    assert "Traceback" not in err
+
+
+def test_missing_file(capsys, tmp_path):
+    code, _, err = run(capsys, "config", "explain", str(tmp_path / "absent.json"))
+    assert code == 2
+    assert "no such file" in err
+
+
+def test_module_entry_point_runs():
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "jax_kvoffload",
+            "config",
+            "explain",
+            str(EXAMPLES / "llama-tp2.json"),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert "tokens_per_hash=16" in out.stdout
