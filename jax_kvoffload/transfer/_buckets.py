@@ -1,0 +1,35 @@
+"""Bucketing of block counts so that only a handful of shapes ever compile.
+
+A request for n blocks is split into pieces whose sizes are powers of two no larger than
+`max_bucket` (n = 13 -> 8 + 4 + 1). Every piece reuses one of log2(max_bucket) + 1
+compiled shapes, and no piece is padded: scatters stay free of duplicate ids and no
+bytes are moved twice.
+"""
+
+from __future__ import annotations
+
+
+def bucket_sizes(n: int, max_bucket: int) -> list[int]:
+    """Sizes, largest first, that sum to `n`; each a power of two <= `max_bucket`."""
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
+    if max_bucket < 1 or max_bucket & (max_bucket - 1):
+        raise ValueError(f"max_bucket must be a power of two >= 1, got {max_bucket}")
+    sizes = [max_bucket] * (n // max_bucket)
+    rest = n % max_bucket
+    bit = max_bucket
+    while rest:
+        bit >>= 1
+        if rest & bit:
+            sizes.append(bit)
+            rest -= bit
+    return sizes
+
+
+def split(items: list, max_bucket: int) -> list[list]:
+    """`items` cut into consecutive pieces of `bucket_sizes(len(items), max_bucket)`."""
+    out, start = [], 0
+    for size in bucket_sizes(len(items), max_bucket):
+        out.append(items[start : start + size])
+        start += size
+    return out

@@ -1,0 +1,279 @@
+"""The worker-side transfer engine: device KV blocks <-> host chunk rows, asynchronously.
+
+Store: gather kernel into a contiguous staging array (device) -> `jax.device_put` into
+host memory (pinned where the platform has it) -> copied into the job's chunk rows.
+Load: chunk rows -> staging (host) -> `jax.device_put` to the device -> scatter kernel,
+in place. Block counts are split into power-of-two buckets, so each group compiles at
+most log2(max_bucket) + 1 shapes per direction.
+
+Threads: kernels are dispatched, and caches replaced, only on the caller's thread (in
+`submit_*` and in `get_finished` / `wait`); one worker thread per direction waits for
+transfers and touches host memory, so submits return at once. Completion order within
+one direction is FIFO, like vLLM's handlers.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import numpy as np
+
+import pallas_kernels as pk
+from jax_kvoffload.transfer._buckets import bucket_sizes
+from jax_kvoffload.transfer._host_pool import HostChunkPool
+from jax_kvoffload.transfer._jobs import Direction, GroupTransfer, TransferError, TransferResult
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class GroupCaches:
+    """A group's device KV arrays (one per layer, or K and V) and their `KVLayout`."""
+
+    arrays: list[jax.Array]
+    layout: pk.KVLayout
+
+    @property
+    def block_bytes(self) -> int:
+        """Bytes of one block across every array of the group (one staging entry)."""
+        first = self.arrays[0]
+        page = first.size // self.layout.num_blocks(tuple(first.shape)) * first.dtype.itemsize
+        return page * len(self.arrays)
+
+    @property
+    def num_blocks(self) -> int:
+        return self.layout.num_blocks(tuple(self.arrays[0].shape))
+
+
+def _host_sharding(array: jax.Array) -> Any:
+    """Pinned host memory on the array's device when the platform offers it."""
+    kinds = {m.kind for m in array.devices().pop().addressable_memories()}
+    for kind in ("pinned_host", "unpinned_host"):
+        if kind in kinds:
+            return array.sharding.with_memory_kind(kind)
+    return None
+
+
+@dataclass
+class _Pending:
+    job_id: int
+    direction: Direction
+    future: Future
+    started: float
+    size_bytes: int
+    # loads: per piece (group, block ids, device staging) to scatter on completion
+    pieces: list[tuple[int, np.ndarray, Any]] | None = None
+
+
+class TransferEngine:
+    """Moves blocks between device caches and a `HostChunkPool`.
+
+    Args:
+      caches: group id -> `GroupCaches`. The engine owns the arrays from now on: read
+        them back with `arrays(group)` after loads (scatters donate the old ones).
+      pool: the host rows; `pool.bytes_per_block[g]` must equal the group's block bytes.
+      backend, interpret, config: passed to the kernels (`pallas_kernels`).
+      max_bucket: largest block count per kernel call (a power of two).
+    """
+
+    def __init__(
+        self,
+        caches: Mapping[int, GroupCaches],
+        pool: HostChunkPool,
+        *,
+        backend: str = "auto",
+        interpret: Any = False,
+        config: Any = None,
+        max_bucket: int = 256,
+    ) -> None:
+        bucket_sizes(0, max_bucket)  # validates max_bucket
+        self._caches = dict(caches)
+        for g, gc in self._caches.items():
+            want = pool.bytes_per_block.get(g)
+            if want != gc.block_bytes:
+                raise TransferError(
+                    f"group {g}: the host pool holds {want} bytes per block but the caches "
+                    f"have {gc.block_bytes}; size the pool from the caches"
+                )
+        self._pool = pool
+        self._kernel_kw = {"backend": backend, "interpret": interpret, "config": config}
+        self._max_bucket = max_bucket
+        self._threads = {
+            d: ThreadPoolExecutor(1, thread_name_prefix=f"kv-{d.value}") for d in Direction
+        }
+        self._pending: dict[int, _Pending] = {}
+        self._done: dict[int, TransferResult] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+
+    # -- public API -----------------------------------------------------------------
+
+    def arrays(self, group: int) -> list[jax.Array]:
+        """The group's current device arrays (replaced by every completed load)."""
+        return list(self._caches[group].arrays)
+
+    def submit_store(self, job_id: int, transfers: Sequence[GroupTransfer]) -> None:
+        """Starts copying the blocks to their chunk rows; returns at once."""
+        self._check(job_id, transfers)
+        staged = []  # (group, transfer, first slot, host array)
+        size = sum(len(t.block_ids) * self._caches[t.group].block_bytes for t in transfers)
+        try:
+            for t in transfers:
+                gc = self._caches[t.group]
+                sharding = _host_sharding(gc.arrays[0])
+                start = 0
+                for n in bucket_sizes(len(t.block_ids), self._max_bucket):
+                    ids = np.asarray(t.block_ids[start : start + n], dtype=np.int32)
+                    staging = pk.gather_blocks(gc.arrays, ids, layout=gc.layout, **self._kernel_kw)
+                    host = staging if sharding is None else jax.device_put(staging, sharding)
+                    staged.append((t.group, t, t.first_slot + start, host))
+                    start += n
+        except Exception as exc:  # e.g. device memory exhausted: the job fails, reported
+            self._enqueue_failed(job_id, Direction.STORE, exc, size)
+            return
+
+        def finish() -> None:
+            for group, t, first, host in staged:
+                data = np.asarray(host)  # waits for the D2H copy
+                rows = data.reshape(data.shape[0], -1).view(np.uint8)
+                self._pool.write_blocks(group, list(t.chunk_ids), first, rows)
+
+        self._enqueue(job_id, Direction.STORE, finish, size)
+
+    def submit_load(self, job_id: int, transfers: Sequence[GroupTransfer]) -> None:
+        """Starts copying chunk rows back into the blocks; caches change on completion."""
+        self._check(job_id, transfers, unique=True)
+        plan = []  # (group, ids, first slot, staging shape, dtype)
+        size = 0
+        for t in transfers:
+            gc = self._caches[t.group]
+            shape = (len(gc.arrays), *gc.layout.page_shape(tuple(gc.arrays[0].shape)))
+            start = 0
+            for n in bucket_sizes(len(t.block_ids), self._max_bucket):
+                ids = np.asarray(t.block_ids[start : start + n], dtype=np.int32)
+                plan.append((t.group, ids, t, t.first_slot + start, (n, *shape)))
+                start += n
+            size += len(t.block_ids) * gc.block_bytes
+        pieces: list[tuple[int, np.ndarray, Any]] = []
+
+        def fetch() -> None:
+            for group, ids, t, first, shape in plan:
+                gc = self._caches[group]
+                rows = np.empty((len(ids), gc.block_bytes), dtype=np.uint8)
+                self._pool.read_blocks(group, list(t.chunk_ids), first, len(ids), rows)
+                host = rows.view(gc.arrays[0].dtype).reshape(shape)
+                device = gc.arrays[0].sharding
+                pieces.append((group, ids, jax.block_until_ready(jax.device_put(host, device))))
+
+        self._enqueue(job_id, Direction.LOAD, fetch, size, pieces)
+
+    def get_finished(self) -> list[TransferResult]:
+        """Results of the jobs that ended since the last call; never blocks."""
+        with self._lock:
+            ready = [p for p in self._pending.values() if p.future.done()]
+        for p in ready:
+            self._complete(p)
+        return [self._done.pop(p.job_id) for p in ready]
+
+    def wait(self, job_ids: Iterable[int]) -> list[TransferResult]:
+        """Blocks until the given jobs end; returns their results (in the given order)."""
+        out = []
+        for job_id in job_ids:
+            with self._lock:
+                pending = self._pending.get(job_id)
+            if pending is not None:
+                pending.future.exception()  # waits without raising
+                self._complete(pending)
+            if job_id not in self._done:
+                raise TransferError(f"job {job_id} is unknown or was already collected")
+            out.append(self._done.pop(job_id))
+        return out
+
+    def close(self) -> None:
+        """Waits for running jobs, then stops the worker threads. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        for pool in self._threads.values():
+            pool.shutdown(wait=True)
+
+    def __enter__(self) -> TransferEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- internals ------------------------------------------------------------------
+
+    def _check(self, job_id: int, transfers: Sequence[GroupTransfer], unique: bool = False) -> None:
+        if self._closed:
+            raise TransferError("the transfer engine is closed")
+        with self._lock:
+            if job_id in self._pending or job_id in self._done:
+                raise TransferError(f"job id {job_id} is already in use")
+        bpc = self._pool.blocks_per_chunk
+        for t in transfers:
+            if t.group not in self._caches:
+                raise TransferError(f"unknown group {t.group}; groups are {sorted(self._caches)}")
+            slots = t.first_slot + len(t.block_ids)
+            if t.first_slot < 0 or (t.first_slot >= bpc and t.block_ids):
+                raise TransferError(f"first_slot={t.first_slot} must be in [0, {bpc})")
+            if len(t.chunk_ids) * bpc < slots:
+                raise TransferError(
+                    f"group {t.group}: {len(t.block_ids)} blocks from slot {t.first_slot} need "
+                    f"{-(-slots // bpc)} chunks, got {len(t.chunk_ids)}"
+                )
+            self._pool.check_chunks(list(t.chunk_ids))
+            ids = np.asarray(t.block_ids, dtype=np.int64)
+            nb = self._caches[t.group].num_blocks
+            if ids.size and (ids.min() < 0 or ids.max() >= nb):
+                raise TransferError(f"group {t.group}: block ids must be in [0, {nb})")
+            if unique and len(set(t.block_ids)) != len(t.block_ids):
+                raise TransferError(f"group {t.group}: a load's block ids must be unique")
+
+    def _enqueue_failed(self, job_id, direction, error, size) -> None:
+        future: Future = Future()
+        future.set_exception(error)
+        with self._lock:
+            self._pending[job_id] = _Pending(job_id, direction, future, time.perf_counter(), size)
+
+    def _enqueue(self, job_id, direction, fn, size, pieces=None) -> None:
+        future = self._threads[direction].submit(fn)
+        with self._lock:
+            self._pending[job_id] = _Pending(
+                job_id, direction, future, time.perf_counter(), size, pieces
+            )
+
+    def _complete(self, p: _Pending) -> TransferResult:
+        with self._lock:
+            if self._pending.pop(p.job_id, None) is None:
+                return self._done[p.job_id]
+        error = p.future.exception()
+        if error is None and p.direction is Direction.LOAD:
+            try:
+                for group, ids, staging in p.pieces:
+                    gc = self._caches[group]
+                    gc.arrays = pk.scatter_blocks(
+                        gc.arrays, ids, staging, layout=gc.layout, **self._kernel_kw
+                    )
+            except Exception as exc:  # reported as a failed job, never dropped
+                error = exc
+        if error is not None:
+            logger.warning("transfer job %d (%s) failed: %r", p.job_id, p.direction.value, error)
+        result = TransferResult(
+            job_id=p.job_id,
+            direction=p.direction,
+            success=error is None,
+            size_bytes=p.size_bytes,
+            seconds=time.perf_counter() - p.started,
+            error=None if error is None else f"{type(error).__name__}: {error}",
+        )
+        self._done[p.job_id] = result
+        return result

@@ -1,0 +1,94 @@
+"""Pre-allocated host memory for offloaded chunks, one row per chunk id and group.
+
+A chunk of group g holds `blocks_per_chunk` consecutive blocks of every array (layer) of
+the group, block-major, exactly as the gather kernel lays them out: row bytes =
+`blocks_per_chunk * bytes_per_block[g]`. All rows exist from construction on, so memory
+use is fixed and a store never allocates.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+
+class HostPoolError(ValueError):
+    """A chunk id or row is outside the pool."""
+
+
+class HostChunkPool:
+    """`num_chunks` rows per group of raw bytes (numpy uint8, host memory).
+
+    Threading: rows are plain memory; the transfer engine guarantees that a row is never
+    written by a store while a load reads it (the manager pins loading chunks and never
+    hands a pinned or in-flight chunk to a new store).
+    """
+
+    def __init__(
+        self,
+        num_chunks: int,
+        bytes_per_block: Mapping[int, int],
+        blocks_per_chunk: int,
+        *,
+        prefault: bool = False,
+    ) -> None:
+        if num_chunks < 0:
+            raise HostPoolError(f"num_chunks must be >= 0, got {num_chunks}")
+        if blocks_per_chunk < 1:
+            raise HostPoolError(f"blocks_per_chunk must be >= 1, got {blocks_per_chunk}")
+        self.num_chunks = num_chunks
+        self.blocks_per_chunk = blocks_per_chunk
+        self.bytes_per_block = dict(bytes_per_block)
+        # np.zeros maps zero pages lazily; prefault touches them now so that the first
+        # stores do not pay page faults (worth it for long-running servers).
+        self._rows = {
+            g: np.zeros((num_chunks, blocks_per_chunk * b), dtype=np.uint8)
+            for g, b in self.bytes_per_block.items()
+        }
+        if prefault:
+            for rows in self._rows.values():
+                rows.fill(0)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(r.nbytes for r in self._rows.values())
+
+    def rows(self, group: int) -> np.ndarray:
+        """The `[num_chunks, row_bytes]` array of a group (a view, not a copy)."""
+        try:
+            return self._rows[group]
+        except KeyError:
+            raise HostPoolError(
+                f"group {group} has no host rows; groups are {sorted(self._rows)}"
+            ) from None
+
+    def check_chunks(self, chunk_ids: list[int]) -> None:
+        bad = [c for c in chunk_ids if not 0 <= c < self.num_chunks]
+        if bad:
+            raise HostPoolError(f"chunk ids {bad[:8]} are outside [0, {self.num_chunks})")
+
+    def _slots(self, group: int, chunk_ids: list[int], first: int, n: int) -> np.ndarray:
+        # Block slot k is block (first + k) % bpc of chunk chunk_ids[(first + k) // bpc];
+        # as a row of the [num_chunks * bpc, bytes_per_block] view of the group's rows.
+        bpc = self.blocks_per_chunk
+        k = np.arange(first, first + n)
+        chunks = np.asarray(chunk_ids, dtype=np.int64)[k // bpc]
+        return chunks * bpc + k % bpc
+
+    def _flat(self, group: int) -> np.ndarray:
+        rows = self.rows(group)
+        return rows.reshape(self.num_chunks * self.blocks_per_chunk, self.bytes_per_block[group])
+
+    def write_blocks(self, group: int, chunk_ids: list[int], first: int, data: np.ndarray) -> None:
+        """Writes `data` ([n_blocks, bytes_per_block] uint8) into consecutive block slots,
+        starting at slot `first` of chunk `chunk_ids[0]` (a chunk list may start and end
+        mid-chunk)."""
+        self._flat(group)[self._slots(group, chunk_ids, first, data.shape[0])] = data
+
+    def read_blocks(
+        self, group: int, chunk_ids: list[int], first: int, n_blocks: int, out: np.ndarray
+    ) -> np.ndarray:
+        """Reads `n_blocks` block slots starting at slot `first` into `out` (`[n, bytes]`)."""
+        slots = self._slots(group, chunk_ids, first, n_blocks)
+        return np.take(self._flat(group), slots, axis=0, out=out)
