@@ -1,0 +1,62 @@
+"""Exceptions raised by the host store.
+
+Every store error is a ``ValueError`` subclass: each one reports a value (a key, a
+budget, a policy name) that breaks a rule of the manager's call protocol. Where vLLM
+0.33.0 asserts, the message keeps vLLM's wording so logs read the same.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CapacityError",
+    "DuplicatePolicyError",
+    "KeyNotPinnedError",
+    "KeyNotReadyError",
+    "KeyNotStoredError",
+    "StoreError",
+    "UnknownPolicyError",
+]
+
+
+class StoreError(ValueError):
+    """Base class of every error the host store raises on a wrong value."""
+
+
+class KeyNotStoredError(StoreError):
+    """A key passed to ``prepare_load`` or ``complete_load`` is not in the store.
+
+    vLLM asserts "Chunk <key> not found in cache"; the message keeps that text.
+    """
+
+
+class KeyNotReadyError(StoreError):
+    """A key passed to ``prepare_load`` is present but its store has not completed.
+
+    ``lookup`` reports such a key as ``LookupResult.HIT_PENDING``; load it only after
+    ``complete_store(keys, success=True)``.
+    """
+
+
+class KeyNotPinnedError(StoreError):
+    """``complete_load`` was called for a key with no load in flight (ref count 0)."""
+
+
+class CapacityError(StoreError):
+    """The host-tier byte budget (``cpu_bytes_to_use``) or chunk size is invalid."""
+
+
+class UnknownPolicyError(StoreError):
+    """The eviction policy name is neither built in nor registered."""
+
+
+class DuplicatePolicyError(StoreError):
+    """A policy name was registered twice."""
+
+
+# vLLM 0.33.0's texts, kept verbatim (spec 5.2 and 6.4) so logs and tests match.
+MISSING_BUDGET_MESSAGE = "cpu_bytes_to_use must be specified in kv_connector_extra_config"
+UNKNOWN_POLICY_MESSAGE = (
+    "Unknown cache policy: {name!r}. Supported: {supported}. "
+    "For an out-of-tree policy, also set cache_policy_module_path."
+)
+DUPLICATE_POLICY_MESSAGE = "Cache policy {name!r} is already registered."

@@ -1,0 +1,463 @@
+"""The scheduler-side host store (vLLM 0.33.0 ``CPUOffloadingManager``, spec 6.2-6.3)."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+from collections.abc import Sequence
+from typing import final
+
+from ._access import RequestAccess, access_state, finished_key_groups
+from ._capacity import HOST_PAGE_SIZE, cpu_tier_capacity
+from ._context import LookupResult, RequestContext
+from ._errors import KeyNotPinnedError, KeyNotReadyError, KeyNotStoredError
+from ._events import OffloadingEvent
+from ._keys import OffloadKey, check_keys
+from ._policy_base import AbstractEvictionPolicy, ChunkStatus
+from ._registry import get_policy_class
+from ._stats import StoreStats
+from ._tracker import ReuseTracker
+
+__all__ = ["HostStore", "PrepareStoreOutput"]
+
+logger = logging.getLogger(__name__)
+
+_MISS, _HIT, _HIT_PENDING = LookupResult.MISS, LookupResult.HIT, LookupResult.HIT_PENDING
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PrepareStoreOutput:
+    """What ``prepare_store`` allocated.
+
+    Attributes:
+      keys_to_store: Offered keys that were absent, in offer order (duplicates kept).
+      chunk_ids: The host chunk of each key of ``keys_to_store``: fresh ids in
+        ascending order first, then freed ids, most recently freed first.
+      evicted_keys: Keys evicted to make room, in eviction order.
+    """
+
+    keys_to_store: tuple[OffloadKey, ...]
+    chunk_ids: tuple[int, ...]
+    evicted_keys: tuple[OffloadKey, ...]
+
+
+_EMPTY_OUTPUT = PrepareStoreOutput((), (), ())
+
+
+def _check_int(name: str, value: object, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}.")
+    if value < minimum:
+        raise ValueError(f"{name}={value} must be >= {minimum}.")
+    return value
+
+
+@final
+class HostStore:
+    """Bookkeeping of the host chunk pool: what is stored where, pins, eviction, events.
+
+    The store holds no KV bytes; the transfer engine moves bytes into and out of the
+    chunk ids it hands out. Call protocol (one scheduler thread; not thread-safe):
+
+    * ``lookup(key)``: MISS, HIT (readable) or HIT_PENDING (store in flight).
+    * Load: ``prepare_load(keys)`` pins each key (all present and ready) and returns
+      their chunk ids; after the transfer, ``complete_load(keys)`` unpins. Pins nest.
+    * Store: ``prepare_store(keys)`` allocates chunks for the absent keys (evicting
+      idle, unprotected chunks) and marks them write-pending; after the transfer,
+      ``complete_store(keys, success)`` makes them readable, or frees them on failure.
+    * Pinned and write-pending chunks are never evicted; no key of an offer is
+      evicted by that offer. Call ``lookup`` and the ``prepare_load`` that pins its
+      hits without an intervening ``prepare_store``.
+    * ``reset_cache()`` forgets everything at once; the caller must not complete jobs
+      prepared before it (vLLM's scheduler fences them by job id).
+
+    Args:
+      num_chunks: Chunks in the host pool (see ``cpu_tier_capacity``), >= 0.
+      eviction_policy: A registered policy name, "lru" (default) or "arc".
+      cache_policy_module_path: Module to import an unregistered policy class from.
+      enable_events: Record events for ``take_events`` (vLLM's default: off).
+      store_threshold: >= 2 stores a key only once it was offered that many times.
+      max_tracker_size: Keys the reuse tracker counts at most (threshold >= 2 only).
+    """
+
+    def __init__(
+        self,
+        num_chunks: int,
+        *,
+        eviction_policy: str = "lru",
+        cache_policy_module_path: str | None = None,
+        enable_events: bool = False,
+        store_threshold: int = 0,
+        max_tracker_size: int = 64_000,
+    ) -> None:
+        self._num_chunks = _check_int("num_chunks", num_chunks, 0)
+        self._store_threshold = _check_int("store_threshold", store_threshold, 0)
+        _check_int("max_tracker_size", max_tracker_size, 0)
+        policy_cls = get_policy_class(eviction_policy, cache_policy_module_path)
+        self._policy: AbstractEvictionPolicy = policy_cls(num_chunks)
+        self._get = self._policy.get
+        self._events: list[OffloadingEvent] | None = [] if enable_events else None
+        self._tracker = ReuseTracker(max_tracker_size) if store_threshold >= 2 else None
+        self._num_allocated = 0  # high-water mark of fresh chunk ids
+        self._free_list: list[int] = []  # LIFO
+        self._num_evictable = 0  # ref_cnt == 0
+        self._num_write_pending = 0  # ref_cnt == -1
+        self._generation = 0
+        self._allocation_sizes: list[int] = []
+        self._stores_skipped = 0
+
+    @classmethod
+    def from_cpu_budget(
+        cls,
+        cpu_bytes_to_use: int | str | None,
+        *,
+        worker_kv_bytes_per_block: int,
+        blocks_per_chunk: int,
+        world_size: int = 1,
+        replicated_layout: bool = False,
+        page_size: int = HOST_PAGE_SIZE,
+        **kwargs: object,
+    ) -> HostStore:
+        """Builds a store sized by ``cpu_tier_capacity`` (the remaining kwargs pass on)."""
+        capacity = cpu_tier_capacity(
+            cpu_bytes_to_use,
+            worker_kv_bytes_per_block=worker_kv_bytes_per_block,
+            blocks_per_chunk=blocks_per_chunk,
+            world_size=world_size,
+            replicated_layout=replicated_layout,
+            page_size=page_size,
+        )
+        return cls(capacity.num_chunks, **kwargs)  # type: ignore[arg-type]
+
+    # --- introspection ---
+
+    @property
+    def num_chunks(self) -> int:
+        return self._num_chunks
+
+    @property
+    def policy(self) -> AbstractEvictionPolicy:
+        """The eviction policy (read it; mutating it breaks the store's counters)."""
+        return self._policy
+
+    @property
+    def num_free_chunks(self) -> int:
+        return len(self._free_list) + self._num_chunks - self._num_allocated
+
+    @property
+    def num_evictable_chunks(self) -> int:
+        return self._num_evictable
+
+    @property
+    def num_write_pending_chunks(self) -> int:
+        return self._num_write_pending
+
+    @property
+    def cache_generation(self) -> int:
+        """Bumped by ``reset_cache``; lets a caller fence jobs prepared before it."""
+        return self._generation
+
+    # --- requests ---
+
+    def on_new_request(self, ctx: RequestContext) -> None:
+        """Starts the request-scoped bookkeeping of ``ctx`` (optional)."""
+        access_state(ctx, self, self._generation)
+
+    def on_request_finished(self, ctx: RequestContext) -> None:
+        """Applies the request's accesses to the policy, once per request and reset."""
+        state = ctx.get_state(RequestAccess)
+        if (
+            state is None
+            or state.owner is not self
+            or state.generation != self._generation
+            or state.finished
+        ):
+            return
+        state.finished = True
+        self._policy.on_request_finished(
+            finished_key_groups(state, ctx),
+            state.inserted_keys - state.reused_keys,
+            set(state.reused_keys),
+            ctx,
+        )
+
+    # --- lookups and loads ---
+
+    def lookup(self, key: OffloadKey, ctx: RequestContext | None = None) -> LookupResult:
+        """Returns whether ``key`` is absent, readable, or still being stored."""
+        if type(key) is not bytes and not isinstance(key, bytes):
+            raise TypeError(f"key must be bytes, got {type(key).__name__}.")
+        chunk = self._get(key)
+        if chunk is None:
+            return _MISS
+        return _HIT if chunk.ref_cnt >= 0 else _HIT_PENDING
+
+    def prepare_load(
+        self, keys: Sequence[OffloadKey], ctx: RequestContext | None = None
+    ) -> tuple[int, ...]:
+        """Pins ``keys`` for reading and returns their chunk ids, in key order.
+
+        All or nothing: if a key is absent or not ready, nothing is pinned.
+
+        Raises:
+          TypeError: if a key is not bytes.
+          KeyNotStoredError: if a key is not in the store.
+          KeyNotReadyError: if a key's store has not completed (HIT_PENDING).
+        """
+        keys = check_keys(keys)
+        get = self._get
+        chunks: list[ChunkStatus] = []
+        for key in keys:
+            chunk = get(key)
+            if chunk is None:
+                raise KeyNotStoredError(f"Chunk {key!r} not found in cache")
+            if chunk.ref_cnt < 0:
+                raise KeyNotReadyError(
+                    f"Chunk {key!r} is not ready for reading: its store is in flight; "
+                    "load it after complete_store(..., success=True)."
+                )
+            chunks.append(chunk)
+        state = None
+        if ctx is not None:
+            state = access_state(ctx, self, self._generation)
+            state.check_open(keys, ctx)
+        mark_non_evictable = self._policy.mark_non_evictable
+        for key, chunk in zip(keys, chunks, strict=True):
+            if chunk.ref_cnt == 0:
+                mark_non_evictable(key)
+                self._num_evictable -= 1
+            chunk.ref_cnt += 1
+        if state is not None:
+            state.record(keys, reused=keys)
+            self._policy.on_request_access(keys, ctx)  # type: ignore[arg-type]
+        return tuple(chunk.chunk_id for chunk in chunks)
+
+    def touch(self, keys: Sequence[OffloadKey], ctx: RequestContext | None = None) -> None:
+        """Marks ``keys`` recently used (the first key ends most recent)."""
+        self._policy.touch(check_keys(keys), ctx)
+
+    def complete_load(self, keys: Sequence[OffloadKey], ctx: RequestContext | None = None) -> None:
+        """Unpins ``keys`` after their load finished; all or nothing.
+
+        Raises:
+          KeyNotStoredError: if a key is not in the store.
+          KeyNotPinnedError: if a key has fewer loads in flight than it appears here.
+        """
+        keys = check_keys(keys)
+        get = self._get
+        needed = collections.Counter(keys)
+        for key, count in needed.items():
+            chunk = get(key)
+            if chunk is None:
+                raise KeyNotStoredError(f"Chunk {key!r} not found in cache")
+            if chunk.ref_cnt < count:
+                raise KeyNotPinnedError(
+                    f"Chunk {key!r} ref_cnt is already {max(chunk.ref_cnt, 0)}: "
+                    f"{count} complete_load(s) for {max(chunk.ref_cnt, 0)} load(s) in flight."
+                )
+        mark_evictable = self._policy.mark_evictable
+        for key in keys:
+            chunk = get(key)
+            chunk.ref_cnt -= 1  # type: ignore[union-attr]
+            if chunk.ref_cnt == 0:  # type: ignore[union-attr]
+                self._num_evictable += 1
+                mark_evictable(key)
+
+    # --- stores ---
+
+    def prepare_store(
+        self, keys: Sequence[OffloadKey], ctx: RequestContext | None = None
+    ) -> PrepareStoreOutput | None:
+        """Allocates write-pending chunks for the absent keys of one offer.
+
+        Present keys are left alone (ready ones count as reused by the request). If
+        the free chunks do not suffice, idle chunks are evicted; keys of this offer
+        are never evicted by it. Duplicate absent keys are not deduplicated: each gets
+        a chunk (vLLM 0.33.0 does the same; the first chunk is unreachable until
+        ``reset_cache``).
+
+        Returns:
+          The keys to store, their chunk ids and the evicted keys; an empty output if
+          nothing needs storing; None if the chunks cannot be allocated (nothing
+          changes then, beyond the policy's and tracker's observation of the offer).
+        """
+        keys = check_keys(keys)
+        state = None
+        if ctx is not None:
+            state = access_state(ctx, self, self._generation)
+            state.check_open(keys, ctx)
+        tracker = self._tracker
+        if tracker is not None:
+            tracker.record_offer(keys)
+        get = self._get
+        candidates: list[OffloadKey] = []
+        ready_existing: list[OffloadKey] = []
+        for key in keys:
+            chunk = get(key)
+            if chunk is None:
+                candidates.append(key)
+            elif chunk.ref_cnt >= 0:
+                ready_existing.append(key)
+            # A write-pending key belongs to an in-flight store: neither stored nor reused.
+        if tracker is not None:
+            threshold = self._store_threshold
+            counts = tracker.counts
+            kept = [key for key in candidates if counts.get(key, 0) >= threshold]
+            self._stores_skipped += len(candidates) - len(kept)
+            candidates = kept
+        policy = self._policy
+        if state is None:
+            if candidates:
+                policy.on_store_miss(candidates, None)
+        else:
+            # ARC learns from ghost hits once per request, before insert drops the ghost.
+            seen_misses = state.store_miss_keys
+            new_misses = [key for key in candidates if key not in seen_misses]
+            if new_misses:
+                policy.on_store_miss(new_misses, ctx)
+                seen_misses.update(new_misses)
+            if ready_existing or len(candidates) != len(keys):
+                accessed = set(candidates)
+                accessed.update(ready_existing)
+                offered = [key for key in keys if key in accessed]
+            else:
+                offered = candidates
+            state.record(offered, inserted=candidates, reused=ready_existing)
+            policy.on_request_access(offered, ctx)  # type: ignore[arg-type]
+        if not candidates:
+            return _EMPTY_OUTPUT
+
+        num_new = len(candidates)
+        self._allocation_sizes.append(num_new)
+        free_list = self._free_list
+        num_fresh = self._num_chunks - self._num_allocated
+        num_to_evict = num_new - len(free_list) - num_fresh
+        evicted: tuple[OffloadKey, ...] = ()
+        if num_to_evict > 0:
+            if num_to_evict > self._num_evictable:
+                logger.debug(
+                    "prepare_store: %d chunks needed, %d free, %d evictable: cannot allocate",
+                    num_new,
+                    num_new - num_to_evict,
+                    self._num_evictable,
+                )
+                return None
+            victims = policy.evict(num_to_evict, set(keys))
+            if victims is None:
+                return None
+            self._num_evictable -= len(victims)
+            free_list.extend(chunk.chunk_id for _, chunk in victims)
+            evicted = tuple(key for key, _ in victims)
+            if self._events is not None:
+                self._events.append(OffloadingEvent(evicted, removed=True))
+
+        # Fresh ids (ascending) before reused ones (LIFO), as vLLM allocates.
+        start = self._num_allocated
+        num_fresh = min(num_new, num_fresh)
+        chunk_ids = list(range(start, start + num_fresh))
+        self._num_allocated = start + num_fresh
+        for _ in range(num_new - num_fresh):
+            chunk_ids.append(free_list.pop())
+        insert = policy.insert
+        for key, chunk_id in zip(candidates, chunk_ids, strict=True):
+            insert(key, ChunkStatus(chunk_id), ctx)
+        self._num_write_pending += num_new
+        return PrepareStoreOutput(tuple(candidates), tuple(chunk_ids), evicted)
+
+    def complete_store(
+        self,
+        keys: Sequence[OffloadKey],
+        success: bool = True,
+        ctx: RequestContext | None = None,
+    ) -> None:
+        """Finishes the stores of ``keys``: readable on success, freed on failure.
+
+        Only write-pending keys change; ready or absent keys are ignored. A failure
+        records a metadata-only removal event (no store event was ever emitted).
+        """
+        keys = check_keys(keys)
+        if not isinstance(success, bool):
+            raise TypeError(f"success must be a bool, got {type(success).__name__}.")
+        get = self._get
+        done: list[OffloadKey] = []
+        if success:
+            mark_evictable = self._policy.mark_evictable
+            for key in keys:
+                chunk = get(key)
+                if chunk is not None and chunk.ref_cnt < 0:
+                    chunk.ref_cnt = 0
+                    mark_evictable(key)
+                    done.append(key)
+            self._num_evictable += len(done)
+        else:
+            remove = self._policy.remove
+            for key in keys:
+                chunk = get(key)
+                if chunk is not None and chunk.ref_cnt < 0:
+                    remove(key)
+                    self._free_list.append(chunk.chunk_id)
+                    done.append(key)
+        self._num_write_pending -= len(done)
+        if done and self._events is not None:
+            self._events.append(
+                OffloadingEvent(tuple(done), removed=not success, metadata_only=not success)
+            )
+
+    # --- events, stats, reset ---
+
+    def take_events(self) -> list[OffloadingEvent]:
+        """Returns and clears the recorded events, oldest first.
+
+        A metadata-only removal drops the keys that were allocated again since (a
+        retried store); it is left out when no key remains.
+        """
+        if not self._events:
+            return []
+        events, self._events = self._events, []
+        get = self._get
+        out = []
+        for event in events:
+            if event.metadata_only:
+                keys = tuple(key for key in event.keys if get(key) is None)
+                if not keys:
+                    continue
+                if len(keys) != len(event.keys):
+                    event = dataclasses.replace(event, keys=keys)
+            out.append(event)
+        return out
+
+    def get_stats(self) -> StoreStats:
+        """Returns the usage gauges and drains the per-interval values."""
+        num_chunks = self._num_chunks
+        if num_chunks > 0:
+            used = self._num_allocated - len(self._free_list) - self._num_evictable
+            usage = used / num_chunks
+            write_usage = self._num_write_pending / num_chunks
+        else:
+            usage = write_usage = 0.0
+        sizes, self._allocation_sizes = tuple(self._allocation_sizes), []
+        skipped = None
+        if self._tracker is not None:
+            skipped, self._stores_skipped = self._stores_skipped, 0
+        return StoreStats(
+            cpu_cache_usage_perc=usage,
+            cpu_cache_write_usage_perc=write_usage,
+            cpu_cache_read_usage_perc=max(usage - write_usage, 0.0),
+            cpu_allocation_size=sizes,
+            stores_skipped=skipped,
+        )
+
+    def reset_cache(self) -> None:
+        """Forgets every chunk, pinned and write-pending ones included.
+
+        Events already recorded stay; the reuse tracker keeps its counts (as in vLLM).
+        Request contexts from before the reset start afresh.
+        """
+        self._policy.clear()
+        self._generation += 1
+        self._num_evictable = 0
+        self._num_write_pending = 0
+        self._free_list.clear()
+        self._num_allocated = 0
+        logger.debug("host store reset (generation %d)", self._generation)
