@@ -1,0 +1,44 @@
+"""Guarded imports of the optional Pallas backends.
+
+jax ships the TPU, Triton and Mosaic GPU Pallas front ends as separate submodules whose
+names drift between releases (0.10.2 .. 0.11.x). A missing one must not break
+``import pallas_kernels``: it only makes its backend unavailable, with the reason kept
+for the error message.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+from typing import Any
+
+
+def _try_import(name: str) -> tuple[ModuleType | None, str]:
+    try:
+        return importlib.import_module(name), ""
+    except Exception as exc:  # any import-time failure means "backend unavailable"
+        return None, f"{type(exc).__name__}: {exc}"
+
+
+pltpu, TPU_IMPORT_ERROR = _try_import("jax.experimental.pallas.tpu")
+pltriton, TRITON_IMPORT_ERROR = _try_import("jax.experimental.pallas.triton")
+plgpu, MOSAIC_GPU_IMPORT_ERROR = _try_import("jax.experimental.pallas.mosaic_gpu")
+
+
+def gpu_interpret_params() -> Any | None:
+    """The Mosaic GPU interpreter's params object, or None where jax lacks one.
+
+    In jax 0.10.2 it is not exported publicly (notes A1); later releases may export it
+    from ``jax.experimental.pallas.mosaic_gpu``.
+    """
+    cls = getattr(plgpu, "InterpretGPUParams", None) if plgpu is not None else None
+    if cls is None:
+        mod, _ = _try_import("jax._src.pallas.mosaic_gpu.interpret.params")
+        cls = getattr(mod, "InterpretGPUParams", None) if mod is not None else None
+    return cls() if cls is not None else None
+
+
+def tpu_interpret_params() -> Any | None:
+    """The TPU interpreter's params (HBM/VMEM/SMEM, DMA and semaphore simulation)."""
+    cls = getattr(pltpu, "InterpretParams", None) if pltpu is not None else None
+    return cls() if cls is not None else None

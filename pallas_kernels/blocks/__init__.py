@@ -1,0 +1,1 @@
+"""gather_blocks / scatter_blocks: paged KV blocks to and from one contiguous staging array."""

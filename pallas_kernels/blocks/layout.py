@@ -1,0 +1,199 @@
+"""KV cache layouts and the integer-word views the copy kernels move.
+
+A layout is a small frozen description of one cache array (all arrays in ``caches``
+share it). Kernels never see values: every array is reshaped and bitcast to
+``[outer, num_blocks, words]`` of an unsigned integer word type, so any dtype (fp8,
+bf16, int8, packed 4-bit in a raw page) moves bit-exactly. ``outer`` is 2 for K/V
+stacked first (the page of a block is two strided halves) and 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .errors import LayoutMismatchError, UnsupportedDtypeError
+
+
+class PageFormat(enum.Enum):
+    """What one block's page holds, per cache array."""
+
+    NHD = "NHD"  # [num_blocks, block_size, num_kv_heads, head_dim]
+    HND = "HND"  # [num_blocks, num_kv_heads, block_size, head_dim]
+    MLA = "MLA"  # [num_blocks, block_size, latent_dim]
+    RAW = "RAW"  # [num_blocks, page_words]: uint8 bytes or wider integer words
+
+
+class KVStacking(enum.Enum):
+    """Where K and V live relative to each other."""
+
+    NONE = "none"  # one array per layer (MLA latent, raw page, or K-only)
+    SEPARATE = "separate"  # caches = [k0, v0, k1, v1, ...]; each array has a plain page
+    FIRST = "first"  # [2, num_blocks, ...]: vLLM flash-attention's shape
+    SECOND = "second"  # [num_blocks, 2, ...]
+
+
+_BASE_RANK = {PageFormat.NHD: 4, PageFormat.HND: 4, PageFormat.MLA: 3, PageFormat.RAW: 2}
+_WORD_DTYPES = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class KVLayout:
+    """Layout of every array in ``caches``; hashable, so it is a jit static.
+
+    Attributes:
+      page_format: what one page holds (``PageFormat``).
+      kv_stacking: how K and V are arranged (``KVStacking``); MLA and RAW pages have no
+        separate V, so only ``NONE`` is allowed with them.
+    """
+
+    page_format: PageFormat = PageFormat.NHD
+    kv_stacking: KVStacking = KVStacking.NONE
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.page_format, PageFormat):
+            raise TypeError(
+                f"page_format must be a PageFormat, got {self.page_format!r}; "
+                f"use one of {[f.name for f in PageFormat]}"
+            )
+        if not isinstance(self.kv_stacking, KVStacking):
+            raise TypeError(
+                f"kv_stacking must be a KVStacking, got {self.kv_stacking!r}; "
+                f"use one of {[s.name for s in KVStacking]}"
+            )
+        if self.page_format in (PageFormat.MLA, PageFormat.RAW) and (
+            self.kv_stacking is not KVStacking.NONE
+        ):
+            raise ValueError(
+                f"kv_stacking={self.kv_stacking.name} is not allowed with "
+                f"page_format={self.page_format.name}: it has no separate V; use KVStacking.NONE"
+            )
+
+    @classmethod
+    def nhd(cls, kv_stacking: KVStacking = KVStacking.NONE) -> KVLayout:
+        return cls(page_format=PageFormat.NHD, kv_stacking=kv_stacking)
+
+    @classmethod
+    def hnd(cls, kv_stacking: KVStacking = KVStacking.NONE) -> KVLayout:
+        return cls(page_format=PageFormat.HND, kv_stacking=kv_stacking)
+
+    @classmethod
+    def mla(cls) -> KVLayout:
+        return cls(page_format=PageFormat.MLA)
+
+    @classmethod
+    def raw(cls) -> KVLayout:
+        return cls(page_format=PageFormat.RAW)
+
+    @property
+    def rank(self) -> int:
+        stacked = self.kv_stacking in (KVStacking.FIRST, KVStacking.SECOND)
+        return _BASE_RANK[self.page_format] + int(stacked)
+
+    @property
+    def block_axis(self) -> int:
+        return 1 if self.kv_stacking is KVStacking.FIRST else 0
+
+    def describe(self) -> str:
+        names = {
+            PageFormat.NHD: "block_size, num_kv_heads, head_dim",
+            PageFormat.HND: "num_kv_heads, block_size, head_dim",
+            PageFormat.MLA: "block_size, latent_dim",
+            PageFormat.RAW: "page_words",
+        }[self.page_format]
+        if self.kv_stacking is KVStacking.FIRST:
+            return f"[2, num_blocks, {names}]"
+        if self.kv_stacking is KVStacking.SECOND:
+            return f"[num_blocks, 2, {names}]"
+        return f"[num_blocks, {names}]"
+
+    def num_blocks(self, shape: tuple[int, ...]) -> int:
+        return shape[self.block_axis]
+
+    def page_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        """Shape of one block's page in one array (the block axis removed)."""
+        axis = self.block_axis
+        return tuple(shape[:axis]) + tuple(shape[axis + 1 :])
+
+    def check_cache(self, shape: tuple[int, ...], dtype: np.dtype, *, name: str) -> None:
+        """Raises a typed error unless ``shape``/``dtype`` fit this layout."""
+        if len(shape) != self.rank:
+            raise LayoutMismatchError(
+                f"{name} has shape {tuple(shape)} (rank {len(shape)}), but layout "
+                f"{self.page_format.name}/kv_stacking={self.kv_stacking.name} needs rank "
+                f"{self.rank}: {self.describe()}; pass the layout that matches the array"
+            )
+        if self.kv_stacking is KVStacking.FIRST and shape[0] != 2:
+            raise LayoutMismatchError(
+                f"{name} has shape {tuple(shape)}; kv_stacking=FIRST needs axis 0 of size 2 "
+                f"(K, V): {self.describe()}"
+            )
+        if self.kv_stacking is KVStacking.SECOND and shape[1] != 2:
+            raise LayoutMismatchError(
+                f"{name} has shape {tuple(shape)}; kv_stacking=SECOND needs axis 1 of size 2 "
+                f"(K, V): {self.describe()}"
+            )
+        dt = np.dtype(dtype)
+        if dt == np.bool_ or dt.kind == "c" or dt.itemsize not in _WORD_DTYPES:
+            raise UnsupportedDtypeError(
+                f"{name} has dtype {dt.name}; the copy kernels move 1-, 2- or 4-byte elements "
+                "(bf16, fp16, fp32, fp8, int8, uint8, int32, ...); view packed or other data "
+                "as KVLayout.raw() with uint8 or uint32 words"
+            )
+        if self.page_format is PageFormat.RAW and dt.kind not in "ui":
+            raise UnsupportedDtypeError(
+                f"{name} has dtype {dt.name}; a RAW page view holds integer words (uint8, "
+                "uint16, uint32, ...); bitcast it first, e.g. "
+                "jax.lax.bitcast_convert_type(cache, jnp.uint16)"
+            )
+
+
+def page_bytes(shape: tuple[int, ...], dtype: np.dtype, layout: KVLayout) -> int:
+    """Bytes of one block's page in one array."""
+    return math.prod(layout.page_shape(shape)) * np.dtype(dtype).itemsize
+
+
+def default_word_bytes(shape: tuple[int, ...], dtype: np.dtype, layout: KVLayout) -> int:
+    """Widest word (<= 4 bytes) that divides a page half: fewer, wider moves per page."""
+    outer = 2 if layout.kv_stacking is KVStacking.FIRST else 1
+    half = page_bytes(shape, dtype, layout) // outer
+    itemsize = np.dtype(dtype).itemsize
+    for w in (4, 2, 1):
+        if w >= itemsize and half % w == 0:
+            return w
+    raise AssertionError("unreachable: itemsize always divides the page")
+
+
+def to_words(cache: jax.Array, layout: KVLayout, word_bytes: int) -> jax.Array:
+    """``cache`` as ``[outer, num_blocks, words]`` unsigned words (reshape + bitcast only)."""
+    if layout.kv_stacking is KVStacking.FIRST:
+        flat = cache.reshape(2, cache.shape[1], -1)
+    else:
+        flat = cache.reshape(1, cache.shape[0], -1)
+    return bitcast_last(flat, word_bytes)
+
+
+def bitcast_last(x: jax.Array, word_bytes: int) -> jax.Array:
+    """``[..., E]`` of any 1/2/4-byte dtype as ``[..., E * itemsize / word_bytes]`` words."""
+    itemsize = np.dtype(x.dtype).itemsize
+    word = _WORD_DTYPES[word_bytes]
+    if word_bytes == itemsize:
+        return jax.lax.bitcast_convert_type(x, word)
+    if word_bytes < itemsize:  # each element splits into itemsize/word_bytes words
+        return jax.lax.bitcast_convert_type(x, word).reshape(*x.shape[:-1], -1)
+    grouped = x.reshape(*x.shape[:-1], -1, word_bytes // itemsize)
+    return jax.lax.bitcast_convert_type(grouped, word)
+
+
+def from_words(words: jax.Array, shape: tuple[int, ...], dtype: np.dtype) -> jax.Array:
+    """Inverse of ``to_words`` for any leading shape: bitcast back, then reshape."""
+    ratio = np.dtype(dtype).itemsize // np.dtype(words.dtype).itemsize
+    if ratio > 1:  # narrower words: regroup them into whole elements first
+        words = words.reshape(*words.shape[:-1], -1, ratio)
+    values = jax.lax.bitcast_convert_type(words, dtype)
+    return values.reshape(shape)

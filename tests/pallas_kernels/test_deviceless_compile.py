@@ -1,0 +1,44 @@
+"""Deviceless compile: the kernels compile for a TPU v5e (libtpu) and an H100, sm_90a
+(jax CUDA plugin) without the hardware. Each platform skips, saying why, where its
+plugin is not installed; CI runs them in separate venvs (docs/kernels.md)."""
+
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+
+import pytest
+
+_PATH = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "deviceless_compile.py"
+_spec = importlib.util.spec_from_file_location("deviceless_compile", _PATH)
+dc = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(dc)
+
+PARAMS = [
+    (platform, backend, case)
+    for platform, backends in dc.PLATFORM_BACKENDS.items()
+    for backend in backends
+    for case in dc.CASES
+]
+
+
+@pytest.fixture(scope="module")
+def devices():
+    cache = {}
+
+    def get(platform):
+        reason = dc.missing_plugin(platform)
+        if reason:
+            pytest.skip(f"deviceless {platform} compile needs its plugin: {reason}")
+        if platform not in cache:
+            cache[platform] = dc.compile_only_devices(platform)
+        return cache[platform]
+
+    return get
+
+
+@pytest.mark.parametrize(
+    ("platform", "backend", "case"), PARAMS, ids=[f"{p}-{b}-{c[0]}" for p, b, c in PARAMS]
+)
+def test_kernels_compile_without_the_device(devices, platform, backend, case):
+    assert dc.compile_case(devices(platform), backend, case) > 0
