@@ -2,9 +2,27 @@
 
 Subpackages:
   config    vLLM's offloading boundary (OffloadingConfig) and its translation rules.
-  store     the scheduler-side host store (chunk pool bookkeeping, eviction, events).
+  store     the scheduler-side host store (chunk bookkeeping, eviction, events).
   transfer  the worker-side transfer engine (gather/scatter kernels + device_put).
   bridge    torch (DLPack) and vLLM adapters; imports torch/vLLM lazily.
+
+`KVOffloader` (store + transfer in one object, for JAX serving stacks) and
+`GroupCaches` are loaded on first use, so `import jax_kvoffload` stays light.
 """
 
+from typing import Any
+
 __version__ = "0.1.0"
+__all__ = ["GroupCaches", "KVOffloader", "OffloaderError", "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("KVOffloader", "OffloaderError"):
+        from jax_kvoffload import _offloader
+
+        return getattr(_offloader, name)
+    if name == "GroupCaches":
+        from jax_kvoffload.transfer import GroupCaches
+
+        return GroupCaches
+    raise AttributeError(f"module 'jax_kvoffload' has no attribute {name!r}")
