@@ -1,0 +1,194 @@
+"""Offload (device -> host chunks) and load (host chunks -> device) throughput.
+
+For 16-token blocks of a `layers`-layer cache it times, in one run:
+  engine    the TransferEngine: gather kernel per bucket + one device_put to pinned
+            host, copied into the pre-allocated chunk rows (and the reverse for loads);
+  per-block one transfer per block: a one-block gather + device_put (load: device_put +
+            one-block scatter), i.e. what a naive per-block path does;
+  ceiling   one large device_put of the same bytes, already contiguous.
+GB/s counts the bytes moved once. Ratios engine/ceiling and engine/per-block are the
+targets (GPU: >= 0.9 and >= 10x; CPU: >= 5x the per-block path). Writes offload.csv and
+offload.png (when matplotlib imports) under --out.
+
+    PYTHONPATH=. python benchmarks/offload.py --quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import pathlib
+import platform
+import statistics
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+import pallas_kernels as pk
+from jax_kvoffload.transfer import GroupCaches, GroupTransfer, HostChunkPool, TransferEngine
+
+FULL = {"blocks": [64, 256, 1024], "layers": [8, 32]}
+QUICK = {"blocks": [64, 256], "layers": [8]}
+BLOCK_SIZE, KV_HEADS, HEAD_DIM = 16, 8, 128  # 16-token blocks, 32 KiB K+V pages in bf16
+
+
+def _median(fn, repeats: int) -> float:
+    fn()  # warm-up: compiles
+    samples = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - t0)
+    return statistics.median(samples)
+
+
+def measure(layers: int, blocks: int, repeats: int, backend: str) -> dict:
+    num_blocks = 2 * blocks
+    shape = (num_blocks, 2, BLOCK_SIZE, KV_HEADS, HEAD_DIM)  # K/V stacked second
+    # uint16 storage for bf16 values: XLA:CPU upcasts bf16 scatters over the whole cache.
+    arrays = [jnp.full(shape, k, jnp.uint16) for k in range(layers)]
+    layout = pk.KVLayout.nhd(pk.KVStacking.SECOND)
+    gc = GroupCaches(arrays, layout)
+    pool = HostChunkPool(blocks, {0: gc.block_bytes}, 1)
+    engine = TransferEngine({0: gc}, pool, backend=backend, max_bucket=1024)
+    ids = tuple(int(i) for i in np.random.default_rng(0).permutation(num_blocks)[:blocks])
+    transfer = GroupTransfer(0, ids, tuple(range(blocks)))
+    nbytes = blocks * gc.block_bytes
+    job = iter(range(1, 10**9))
+
+    def engine_store():
+        j = next(job)
+        engine.submit_store(j, [transfer])
+        engine.wait([j])
+
+    def engine_load():
+        j = next(job)
+        engine.submit_load(j, [transfer])
+        engine.wait([j])
+
+    host = arrays[0].sharding.with_memory_kind("pinned_host")
+    device = arrays[0].sharding
+
+    def per_block_store():
+        cur = engine.arrays(0)
+        for k, b in enumerate(ids):
+            one = pk.gather_blocks(cur, np.array([b], np.int32), layout=layout, backend=backend)
+            data = np.asarray(jax.device_put(one, host))
+            pool.write_blocks(0, [k], 0, data.reshape(1, -1).view(np.uint8))
+
+    def per_block_load():
+        cur = engine.arrays(0)
+        row = np.empty((1, gc.block_bytes), np.uint8)
+        for k, b in enumerate(ids):
+            pool.read_blocks(0, [k], 0, 1, row)
+            staged = row.view(np.uint16).reshape(1, layers, *layout.page_shape(shape))
+            cur = pk.scatter_blocks(
+                cur,
+                np.array([b], np.int32),
+                jax.device_put(staged, device),
+                layout=layout,
+                backend=backend,
+            )
+        jax.block_until_ready(cur)
+        engine._caches[0].arrays = cur
+
+    staging = jnp.zeros((blocks, gc.block_bytes // 2), jnp.uint16)
+    host_staging = jax.block_until_ready(jax.device_put(staging, host))
+
+    def ceiling_d2h():
+        jax.block_until_ready(jax.device_put(staging, host))
+
+    def ceiling_h2d():
+        jax.block_until_ready(jax.device_put(host_staging, device))
+
+    t = {
+        "engine_store": _median(engine_store, repeats),
+        "per_block_store": _median(per_block_store, 1),  # slow by design: one sample
+        "ceiling_d2h": _median(ceiling_d2h, repeats),
+        "engine_load": _median(engine_load, repeats),
+        "per_block_load": _median(per_block_load, 1),
+        "ceiling_h2d": _median(ceiling_h2d, repeats),
+    }
+    engine.close()
+    gbs = {k: nbytes / v / 1e9 for k, v in t.items()}
+    return {
+        "layers": layers,
+        "blocks": blocks,
+        "mib": nbytes / 2**20,
+        **{f"{k}_gbs": round(v, 3) for k, v in gbs.items()},
+        "store_vs_ceiling": round(gbs["engine_store"] / gbs["ceiling_d2h"], 3),
+        "store_vs_per_block": round(t["per_block_store"] / t["engine_store"], 1),
+        "load_vs_ceiling": round(gbs["engine_load"] / gbs["ceiling_h2d"], 3),
+        "load_vs_per_block": round(t["per_block_load"] / t["engine_load"], 1),
+    }
+
+
+def plot(rows: list[dict], path: pathlib.Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib not installed: no plot", file=sys.stderr)
+        return
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for ax, kind, ceiling in ((axes[0], "store", "ceiling_d2h"), (axes[1], "load", "ceiling_h2d")):
+        for layers in sorted({r["layers"] for r in rows}):
+            sub = [r for r in rows if r["layers"] == layers]
+            x = [r["blocks"] for r in sub]
+            for key, style in ((f"engine_{kind}", "o-"), (f"per_block_{kind}", "s--"), (ceiling, "k:")):
+                ax.plot(x, [r[f"{key}_gbs"] for r in sub], style, label=f"{key}, {layers} layers")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("blocks (16 tokens each)")
+        ax.set_ylabel("GB/s")
+        ax.set_title(f"{kind} ({jax.devices()[0].device_kind})")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"wrote {path}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small sweep (< 1 min on CPU)")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--backend", default="auto")
+    parser.add_argument("--out", default="benchmarks/results")
+    args = parser.parse_args(argv)
+    sweep = QUICK if args.quick else FULL
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for layers in sweep["layers"]:
+        for blocks in sweep["blocks"]:
+            rows.append(measure(layers, blocks, args.repeats, args.backend))
+            print(f"layers={layers} blocks={blocks} done", file=sys.stderr)
+    header = (
+        f"# offload benchmark {datetime.date.today()} {platform.node()} "
+        f"{jax.devices()[0].device_kind} jax {jax.__version__}"
+    )
+    cols = [
+        "layers", "blocks", "mib", "engine_store_gbs", "per_block_store_gbs", "ceiling_d2h_gbs",
+        "store_vs_ceiling", "store_vs_per_block", "engine_load_gbs", "per_block_load_gbs",
+        "ceiling_h2d_gbs", "load_vs_ceiling", "load_vs_per_block",
+    ]  # fmt: skip
+    with open(out / "offload.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=cols)
+        writer.writeheader()
+        writer.writerows(rows)
+    plot(rows, out / "offload.png")
+    print(header)
+    print(" | ".join(cols))
+    for r in rows:
+        print(" | ".join(str(r[c]) if not isinstance(r[c], float) else f"{r[c]:.3g}" for c in cols))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
