@@ -2,8 +2,16 @@
 
 - `offloading_config_from_vllm(vllm_config, kv_cache_config)`: vLLM's own config objects
   in, our `OffloadingConfig` out, by the same rules as vLLM's `build_offloading_config`.
+- `JaxOffloadingSpec`: vLLM 0.33.0's out-of-tree `OffloadingSpec` (docs/vllm.md), loaded
+  by vLLM with `spec_name="JaxOffloadingSpec"` and
+  `spec_module_path="jax_kvoffload.bridge.vllm"`. It, `JaxOffloadingManager` and
+  `JaxOffloadingWorker` subclass vLLM's abstract classes, so they are built (and vLLM
+  imported) on first attribute access.
 """
 
+from typing import TYPE_CHECKING, Any
+
+from jax_kvoffload.bridge._job_plan import JobSpecError as JobSpecError
 from jax_kvoffload.bridge._vllm_config import convert_engine_config as convert_engine_config
 from jax_kvoffload.bridge._vllm_config import (
     convert_kv_cache_config as convert_kv_cache_config,
@@ -12,10 +20,33 @@ from jax_kvoffload.bridge._vllm_config import convert_spec as convert_spec
 from jax_kvoffload.bridge._vllm_config import (
     offloading_config_from_vllm as offloading_config_from_vllm,
 )
+from jax_kvoffload.bridge._vllm_spec import UnsupportedLayoutError as UnsupportedLayoutError
+from jax_kvoffload.bridge._vllm_spec import our_offloading_config as our_offloading_config
+
+if TYPE_CHECKING:  # built on first access by __getattr__ (they import vLLM)
+    JaxOffloadingManager: type
+    JaxOffloadingSpec: type
+    JaxOffloadingWorker: type
+
+_LAZY = ("JaxOffloadingManager", "JaxOffloadingSpec", "JaxOffloadingWorker")
 
 __all__ = [
+    "JaxOffloadingManager",
+    "JaxOffloadingSpec",
+    "JaxOffloadingWorker",
+    "JobSpecError",
+    "UnsupportedLayoutError",
     "convert_engine_config",
     "convert_kv_cache_config",
     "convert_spec",
     "offloading_config_from_vllm",
+    "our_offloading_config",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        from jax_kvoffload.bridge._vllm_spec import build_spec_classes
+
+        return build_spec_classes()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,145 @@
+"""Zero-copy torch <-> JAX views through DLPack, and raw page views of KV allocations.
+
+Measured facts this module is built on (torch 2.13 + jax 0.10.2, reference notes A4):
+DLPack imports every KV dtype (bf16, fp16, fp32, fp8 e4m3/e5m2, int8, uint8) without a
+copy, in both directions; compact strides (contiguous or a pure permutation) import, any
+stride with gaps is refused by XLA. So a per-layer view that skips bytes (a block range
+of a `[2, num_blocks, ...]` allocation, a block-outermost cross-layer layout) is reached
+through `raw_pages`: the whole backing allocation viewed as `[rows, page_bytes]` bytes,
+plus the row of every (block, part). Nothing here ever copies a whole KV cache.
+
+torch is imported lazily (inside the functions), so importing this module is cheap.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+__all__ = ["GappedLayoutError", "RawPages", "raw_pages", "to_jax", "to_torch"]
+
+
+class GappedLayoutError(ValueError):
+    """A tensor's strides cannot be viewed zero-copy the way that was asked."""
+
+
+def _is_compact(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
+    """True when the strides are a permutation of a contiguous layout (no gaps)."""
+    dims = sorted((s, n) for s, n in zip(strides, shape, strict=True) if n != 1)
+    expected = 1
+    for stride, size in dims:
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def to_jax(tensor: Any) -> Any:
+    """The JAX array over `tensor`'s memory (no copy; any KV dtype).
+
+    Raises:
+      GappedLayoutError: the strides have gaps (XLA imports only compact layouts); view
+        the allocation with `raw_pages` instead.
+    """
+    import jax
+
+    shape, strides = tuple(tensor.shape), tuple(tensor.stride())
+    if not _is_compact(shape, strides):
+        raise GappedLayoutError(
+            f"a tensor of shape {shape} with strides {strides} (elements) has gaps between "
+            "its elements, and DLPack/XLA import only compact layouts; a copy would "
+            "duplicate the KV cache, so use raw_pages(tensor, block_axis) to view the "
+            "backing allocation as pages instead"
+        )
+    return jax.dlpack.from_dlpack(tensor.detach())
+
+
+def to_torch(array: Any) -> Any:
+    """The torch tensor over a JAX array's memory (no copy)."""
+    import torch
+
+    return torch.from_dlpack(array)
+
+
+@dataclasses.dataclass(frozen=True)
+class RawPages:
+    """A KV tensor seen as whole-allocation pages.
+
+    Attributes:
+      rows: uint8 torch tensor `[num_rows, page_bytes]` over the tensor's whole storage
+        (contiguous, so it imports into JAX without a copy).
+      block_rows: int64 `[num_blocks, parts]`: the rows holding block b, in the order the
+        tensor's outer dimensions list them (e.g. K then V for a `[2, num_blocks, ...]`
+        tensor).
+    """
+
+    rows: Any
+    block_rows: np.ndarray
+
+    @property
+    def page_bytes(self) -> int:
+        return int(self.rows.shape[1])
+
+    @property
+    def num_blocks(self) -> int:
+        return int(self.block_rows.shape[0])
+
+    def rows_of(self, block_ids: Any) -> np.ndarray:
+        """Row ids of the given blocks, block-major (`[n * parts]`)."""
+        return self.block_rows[np.asarray(block_ids, dtype=np.int64)].reshape(-1)
+
+
+def raw_pages(tensor: Any, block_axis: int = 0) -> RawPages:
+    """Views `tensor`'s whole storage as pages of one block part each, without a copy.
+
+    A page is the compact run of dimensions after `block_axis` (what one block holds
+    per outer index); dimensions before it (e.g. the K/V axis of a `[2, num_blocks,
+    ...]` layout) become extra parts per block.
+
+    Raises:
+      GappedLayoutError: the dimensions after `block_axis` are not one contiguous run,
+        or page offsets are not multiples of the page size (e.g. interleaved layers whose
+        block stride is not a whole number of pages), so whole-allocation rows cannot
+        address them.
+    """
+    import torch
+
+    shape, strides = tuple(tensor.shape), tuple(tensor.stride())
+    if not 0 <= block_axis < len(shape):
+        raise GappedLayoutError(f"block_axis={block_axis} is outside a tensor of rank {len(shape)}")
+    inner_shape, inner_strides = shape[block_axis + 1 :], strides[block_axis + 1 :]
+    contiguous_inner = tuple(
+        int(np.prod(inner_shape[i + 1 :], dtype=np.int64)) for i in range(len(inner_shape))
+    )
+    if any(
+        n != 1 and s != c
+        for n, s, c in zip(inner_shape, inner_strides, contiguous_inner, strict=True)
+    ):
+        raise GappedLayoutError(
+            f"layout shape={shape} strides={strides}: the dims after block_axis={block_axis} "
+            "must be row-major contiguous (one page per block part); this layout scatters a "
+            "page across memory, so it cannot be moved as pages without copying the cache"
+        )
+    elem = tensor.element_size()
+    page = int(np.prod(inner_shape, dtype=np.int64)) * elem
+    storage = tensor.untyped_storage()
+    total = storage.nbytes()
+    outer = [np.arange(n, dtype=np.int64) * s * elem for n, s in zip(shape, strides, strict=True)]
+    offsets = np.asarray(tensor.storage_offset() * elem, dtype=np.int64)
+    # offsets[b, o...] = byte offset of block b, outer index o (block axis first).
+    grid = np.ix_(outer[block_axis], *[outer[i] for i in range(block_axis)])
+    for g in grid:
+        offsets = offsets + g
+    offsets = offsets.reshape(shape[block_axis], -1) if offsets.ndim else offsets
+    if page == 0 or total % page or np.any(offsets % page):
+        raise GappedLayoutError(
+            f"layout shape={shape} strides={strides} storage_offset={tensor.storage_offset()} "
+            f"({total} storage bytes): page offsets are not multiples of the {page}-byte page, "
+            "so the allocation cannot be addressed as whole pages; pass a view whose block "
+            "stride is a whole number of pages"
+        )
+    rows = torch.empty(0, dtype=torch.uint8, device=tensor.device)
+    rows.set_(storage, 0, (total // page, page), (page, 1))
+    return RawPages(rows=rows, block_rows=(offsets // page).astype(np.int64))

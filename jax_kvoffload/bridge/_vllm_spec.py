@@ -1,0 +1,154 @@
+"""`JaxOffloadingSpec`: vLLM 0.33.0's out-of-tree `OffloadingSpec` hook, built lazily.
+
+vLLM loads it by configuration alone (`spec_name="JaxOffloadingSpec"`,
+`spec_module_path="jax_kvoffload.bridge.vllm"`). `build_spec_classes()` imports vLLM
+and defines the subclasses on first use, so `jax_kvoffload.bridge.vllm` imports without
+vLLM or torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+from typing import Any
+
+from jax_kvoffload.config import OffloadingConfig
+from jax_kvoffload.store import HostStore, cpu_tier_capacity
+
+__all__ = ["UnsupportedLayoutError", "build_spec_classes", "our_offloading_config"]
+
+logger = logging.getLogger(__name__)
+
+
+class UnsupportedLayoutError(ValueError):
+    """The configuration asks for a host layout this spec does not implement yet."""
+
+
+def our_offloading_config(vllm_config: Any) -> OffloadingConfig:
+    """vLLM's `OffloadingConfig` converted into ours (the same fields, validated)."""
+    data = {f.name: getattr(vllm_config, f.name) for f in dataclasses.fields(vllm_config)}
+    for name in ("model", "cache", "parallel"):
+        data[name] = dataclasses.asdict(data[name])
+    data["groups"] = [dataclasses.asdict(g) for g in data["groups"]]
+    data["extra_config"] = dict(data["extra_config"])
+    return OffloadingConfig.from_dict(data)
+
+
+@functools.cache
+def build_spec_classes() -> dict[str, type]:
+    """Returns `{"JaxOffloadingSpec", "JaxOffloadingManager", "JaxOffloadingWorker"}`."""
+    from vllm.v1.kv_offload import base
+    from vllm.v1.kv_offload.cpu.common import CPUOffloadingInfo
+    from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
+
+    from jax_kvoffload.bridge._torch_worker import TorchKVWorker
+    from jax_kvoffload.bridge._vllm_manager import build_manager_class
+
+    manager_cls = build_manager_class()
+
+    class JaxOffloadingWorker(TorchKVWorker, base.OffloadingWorker):
+        """vLLM's `OffloadingWorker` over DLPack views of vLLM's KV tensors."""
+
+        @classmethod
+        def from_canonical(cls, kv_caches: Any, *, blocks_per_chunk: int, num_chunks: int):
+            for g, refs in enumerate(kv_caches.group_data_refs):
+                if any(r.mapping is not None for r in refs):
+                    logger.info(
+                        "group %d carries canonical mappings; JaxOffloadingSpec uses the "
+                        "direct layout (canonical_layout is not implemented)",
+                        g,
+                    )
+            return cls(
+                [(t.tensor, t.page_size_bytes) for t in kv_caches.tensors],
+                [
+                    [(r.tensor_idx, r.page_size_bytes) for r in refs]
+                    for refs in kv_caches.group_data_refs
+                ],
+                blocks_per_chunk=blocks_per_chunk,
+                num_chunks=num_chunks,
+                result_type=base.TransferResult,
+            )
+
+    class JaxOffloadingSpec(base.OffloadingSpec):
+        """Host-memory offloading through jax_kvoffload (docs/vllm.md).
+
+        Sizing, extra-config keys, metrics and config-info labels are those of vLLM's
+        `CPUOffloadingSpec`; the manager is our `HostStore`, the worker moves bytes
+        with our kernels over zero-copy views of vLLM's tensors.
+        """
+
+        @classmethod
+        def build_metric_definitions(cls, extra_config: dict[str, Any]) -> dict[str, Any]:
+            return CPUOffloadingSpec.build_metric_definitions(extra_config)
+
+        @classmethod
+        def config_info_keys(cls, extra_config: dict[str, Any]) -> tuple[str, ...]:
+            return CPUOffloadingInfo.config_info_keys()
+
+        def __init__(self, config: Any) -> None:
+            super().__init__(config)
+            self.offloading_config = our_offloading_config(config)
+            if self.offloading_config.canonical_layout:
+                raise UnsupportedLayoutError(
+                    "canonical_layout=True is not implemented by JaxOffloadingSpec yet; "
+                    "remove 'canonical_layout' from kv_connector_extra_config"
+                )
+            parallel = self.offloading_config.parallel
+            if self.offloading_config.replicated_layout and parallel.world_size > 1:
+                # One host copy needs a host region shared by every worker process,
+                # which this spec does not have yet: like vLLM's CPU spec on platforms
+                # without its shared region, each worker keeps (and is sized for) its own.
+                logger.warning(
+                    "replicated_layout is ignored: JaxOffloadingSpec keeps one host copy "
+                    "per worker (world_size=%d)",
+                    parallel.world_size,
+                )
+            self.replicated_layout = False
+            capacity = cpu_tier_capacity(
+                self.extra_config.get("cpu_bytes_to_use"),
+                # vLLM sizes nothing without workers (world_size 0): no KV bytes then.
+                worker_kv_bytes_per_block=(
+                    self.offloading_config.worker_kv_bytes_per_block
+                    if parallel.world_size > 0
+                    else 0
+                ),
+                blocks_per_chunk=self.blocks_per_chunk,
+                world_size=max(parallel.world_size, 1),
+                replicated_layout=False,
+            )
+            self.num_chunks = capacity.num_chunks
+            self.kv_bytes_per_chunk = capacity.kv_bytes_per_chunk
+            self.cpu_info = CPUOffloadingInfo.from_config(
+                config, self.num_chunks, self.kv_bytes_per_chunk
+            )
+            self.eviction_policy: str = self.extra_config.get("eviction_policy", "lru")
+            self._manager: Any = None
+            self._worker: Any = None
+
+        def get_manager(self) -> Any:
+            if self._manager is None:
+                extra = self.extra_config
+                store = HostStore(
+                    self.num_chunks,
+                    eviction_policy=self.eviction_policy,
+                    cache_policy_module_path=extra.get("cache_policy_module_path"),
+                    enable_events=self.kv_events_config.enable_kv_cache_events,
+                    store_threshold=int(extra.get("store_threshold", 0)),
+                    max_tracker_size=int(extra.get("max_tracker_size", 64_000)),
+                )
+                self._manager = manager_cls(store, self.cpu_info.as_config_info())
+            return self._manager
+
+        def get_worker(self, kv_caches: Any) -> Any:
+            if self._worker is None:
+                self._worker = JaxOffloadingWorker.from_canonical(
+                    kv_caches, blocks_per_chunk=self.blocks_per_chunk, num_chunks=self.num_chunks
+                )
+            return self._worker
+
+    return {
+        "JaxOffloadingSpec": JaxOffloadingSpec,
+        "JaxOffloadingManager": manager_cls,
+        "JaxOffloadingWorker": JaxOffloadingWorker,
+    }

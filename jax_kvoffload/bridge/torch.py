@@ -1,0 +1,35 @@
+"""Torch bridge: zero-copy DLPack views of torch KV tensors, and a torch KV worker.
+
+Importing this module does not import torch (the functions do, on first call).
+
+- `to_jax(tensor)` / `to_torch(array)`: zero-copy views for every KV dtype; tensors with
+  gapped strides are refused with `GappedLayoutError`.
+- `raw_pages(tensor, block_axis)`: the whole backing allocation as `[rows, page_bytes]`
+  bytes plus the rows of every block, for per-layer views with gaps.
+- `TorchKVWorker`: moves blocks between torch KV tensors and host chunks with vLLM's
+  job semantics (`group_sizes`, `block_indices`, mid-chunk starts).
+"""
+
+from jax_kvoffload.bridge._job_plan import JobSpecError as JobSpecError
+from jax_kvoffload.bridge._job_plan import TensorMove as TensorMove
+from jax_kvoffload.bridge._job_plan import plan_job as plan_job
+from jax_kvoffload.bridge._torch import GappedLayoutError as GappedLayoutError
+from jax_kvoffload.bridge._torch import RawPages as RawPages
+from jax_kvoffload.bridge._torch import raw_pages as raw_pages
+from jax_kvoffload.bridge._torch import to_jax as to_jax
+from jax_kvoffload.bridge._torch import to_torch as to_torch
+from jax_kvoffload.bridge._torch_worker import Finished as Finished
+from jax_kvoffload.bridge._torch_worker import TorchKVWorker as TorchKVWorker
+
+__all__ = [
+    "Finished",
+    "GappedLayoutError",
+    "JobSpecError",
+    "RawPages",
+    "TensorMove",
+    "TorchKVWorker",
+    "plan_job",
+    "raw_pages",
+    "to_jax",
+    "to_torch",
+]
