@@ -137,6 +137,14 @@ class KVOffloader:
         """The group's current device arrays (replaced by each completed load)."""
         return self._engine.arrays(self._group(group))
 
+    def set_caches(self, arrays: Sequence[jax.Array], group: int | None = None) -> None:
+        """Hands back the group's arrays after the engine wrote its own K/V into them.
+
+        Start from `caches(group)` read after the last completed load (a load replaces
+        the arrays); shapes and dtypes must stay the same (`TransferError` otherwise).
+        """
+        self._engine.set_arrays(self._group(group), arrays)
+
     def take_events(self) -> list[Any]:
         return self._store.take_events()
 

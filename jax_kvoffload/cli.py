@@ -26,6 +26,90 @@ def _config_explain(args: argparse.Namespace) -> int:
     return 0
 
 
+def _demo(args: argparse.Namespace) -> int:
+    import json
+
+    from jax_kvoffload.config import OffloadConfigError
+    from jax_kvoffload.demo import DemoConfigError, DemoModelConfig, ScenarioConfig, run_scenario
+    from jax_kvoffload.demo._report import StreamProgress, format_summary
+
+    try:
+        cfg = ScenarioConfig(
+            model=DemoModelConfig(
+                vocab_size=args.vocab,
+                num_layers=args.layers,
+                num_heads=args.heads,
+                num_kv_heads=args.kv_heads,
+                head_dim=args.head_dim,
+                ffn_dim=args.ffn_dim,
+                rope=not args.no_rope,
+                seed=args.seed,
+            ),
+            block_size=args.block_size,
+            prompt_blocks=args.prompt_blocks,
+            suffix_tokens=args.suffix_tokens,
+            decode_tokens=args.decode_tokens,
+            blocks_per_chunk=args.blocks_per_chunk,
+            kernel_backend=args.kernel_backend,
+            skip_load=args.skip_load,
+        )
+        progress = None if args.quiet else StreamProgress(sys.stderr)
+        summary = run_scenario(cfg, progress)
+    except (DemoConfigError, OffloadConfigError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        print(format_summary(summary))
+    return 0 if summary["check"]["passed"] else 1
+
+
+def _add_demo(commands: argparse._SubParsersAction) -> None:
+    demo = commands.add_parser(
+        "demo",
+        help="prefix reuse on a small Flax model: offload request A's KV blocks, reuse "
+        "them for request B, check B's logits against a full recompute",
+        description="Runs the prefix-reuse scenario on the default JAX backend "
+        "(docs/demo.md). Exit status 1 if B's logits differ from a full recompute.",
+    )
+    sizes = demo.add_argument_group("model")
+    sizes.add_argument("--layers", type=int, default=4, help="decoder layers (4)")
+    sizes.add_argument("--heads", type=int, default=8, help="query heads (8)")
+    sizes.add_argument("--kv-heads", type=int, default=2, help="KV heads, GQA (2)")
+    sizes.add_argument("--head-dim", type=int, default=64, help="head dimension (64)")
+    sizes.add_argument("--ffn-dim", type=int, default=1024, help="MLP hidden size (1024)")
+    sizes.add_argument("--vocab", type=int, default=1024, help="vocabulary size (1024)")
+    sizes.add_argument("--no-rope", action="store_true", help="no rotary embeddings")
+    sizes.add_argument("--seed", type=int, default=0, help="weights and prompts seed (0)")
+    scenario = demo.add_argument_group("scenario")
+    scenario.add_argument("--block-size", type=int, default=16, help="tokens per block (16)")
+    scenario.add_argument(
+        "--prompt-blocks", type=int, default=8, help="full blocks of the shared prefix (8)"
+    )
+    scenario.add_argument(
+        "--suffix-tokens", type=int, default=24, help="B's tokens after the prefix (24)"
+    )
+    scenario.add_argument("--decode-tokens", type=int, default=4, help="tokens decoded (4)")
+    scenario.add_argument(
+        "--blocks-per-chunk", type=int, default=2, help="blocks per offloaded chunk (2)"
+    )
+    scenario.add_argument(
+        "--kernel-backend",
+        default="auto",
+        choices=("auto", "xla", "reference", "tpu", "triton", "mosaic_gpu"),
+        help="gather/scatter backend (auto: xla on CPU)",
+    )
+    scenario.add_argument(
+        "--skip-load",
+        action="store_true",
+        help="negative control: B skips loading its prefix, so the check must fail",
+    )
+    demo.add_argument("--json", action="store_true", help="print only JSON on stdout")
+    demo.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    demo.set_defaults(func=_demo)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="jax-kvoffload",
@@ -44,6 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("--json", action="store_true", help="machine-readable output")
     explain.set_defaults(func=_config_explain)
     config.set_defaults(func=lambda _args: (config.print_help(), 0)[1])
+    _add_demo(commands)
     return parser
 
 

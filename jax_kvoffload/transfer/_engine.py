@@ -119,6 +119,28 @@ class TransferEngine:
         """The group's current device arrays (replaced by every completed load)."""
         return list(self._caches[group].arrays)
 
+    def set_arrays(self, group: int, arrays: Sequence[jax.Array]) -> None:
+        """Replaces the group's device arrays (e.g. after the engine's own prefill wrote
+        K/V). Same count, shapes and dtypes as now; call on the caller's thread, after
+        reading back `arrays(group)` following any completed load."""
+        if group not in self._caches:
+            raise TransferError(f"unknown group {group}; groups are {sorted(self._caches)}")
+        if not isinstance(arrays, (list, tuple)):
+            raise TypeError(f"arrays must be a list of jax.Array, got {type(arrays).__name__}")
+        bad = sorted({type(a).__name__ for a in arrays if not isinstance(a, jax.Array)})
+        if bad:
+            raise TypeError(f"arrays must be a list of jax.Array, got elements of type {bad}")
+        gc = self._caches[group]
+        want = [(tuple(a.shape), a.dtype) for a in gc.arrays]
+        got = [(tuple(a.shape), a.dtype) for a in arrays]
+        if got != want:
+            raise TransferError(
+                f"group {group}: arrays must keep the shapes and dtypes of the current ones: "
+                f"{len(want)} x {want[0][0]} {want[0][1]}, got {len(got)} arrays "
+                f"{sorted({f'{shape} {dtype}' for shape, dtype in got})}"
+            )
+        gc.arrays = list(arrays)
+
     def submit_store(self, job_id: int, transfers: Sequence[GroupTransfer]) -> None:
         """Starts copying the blocks to their chunk rows; returns at once."""
         self._check(job_id, transfers)

@@ -1,0 +1,112 @@
+"""Text output of `jax-kvoffload demo`: a progress bar for the long steps and the summary."""
+
+from __future__ import annotations
+
+from typing import TextIO
+
+
+def _size(nbytes: float) -> str:
+    if nbytes < 1024:
+        return f"{nbytes:.0f} B"
+    for unit in ("KiB", "MiB"):
+        nbytes /= 1024
+        if nbytes < 1024:
+            return f"{nbytes:.1f} {unit}"
+    return f"{nbytes / 1024:.1f} GiB"
+
+
+class StreamProgress:
+    """`progress(step, done, total)` drawn on a stream (the CLI passes stderr).
+
+    On a terminal it redraws one bar per step in place; otherwise it writes one line
+    when a step completes, so logs stay readable.
+    """
+
+    def __init__(self, stream: TextIO, width: int = 24) -> None:
+        self._stream = stream
+        self._tty = bool(getattr(stream, "isatty", lambda: False)())
+        self._width = width
+
+    def __call__(self, step: str, done: int, total: int) -> None:
+        if self._tty:
+            filled = self._width * done // max(total, 1)
+            bar = "#" * filled + "." * (self._width - filled)
+            end = "\n" if done >= total else ""
+            self._stream.write(f"\r  {step:<20} [{bar}] {done}/{total}{end}")
+        elif done >= total:
+            self._stream.write(f"  {step}: done ({total} step{'s' * (total != 1)})\n")
+        self._stream.flush()
+
+
+def format_summary(s: dict) -> str:
+    """The summary table of one `run_scenario` result."""
+    m, sc, pf, ck = s["model"], s["scenario"], s["prefill"], s["check"]
+    rope = "RoPE" if m["rope"] else "no RoPE"
+    rows = [
+        ("backend", f"{s['backend']} ({s['device']}), kernels: {sc['kernel_backend']}"),
+        (
+            "model",
+            f"{m['num_layers']} layers, {m['num_heads']} heads / {m['num_kv_heads']} KV heads"
+            f" x {m['head_dim']}, {rope}, float32, seed {m['seed']}",
+        ),
+        (
+            "KV cache",
+            f"block {sc['block_size']} tokens = {_size(s['block_bytes'])}, "
+            f"{sc['blocks_per_chunk']} blocks per chunk, host pool {s['host']['chunks']} "
+            f"chunks ({_size(s['host']['bytes'])})",
+        ),
+        (
+            "prefix tokens hit",
+            f"{s['prefix_hit_tokens']} of {s['requests']['B_tokens']} "
+            f"({s['prefix_hit_blocks']} blocks)",
+        ),
+        (
+            "A's blocks reused",
+            f"{_yes(s['filler_reused_A_blocks'])} by filler C "
+            f"(overwritten: {_yes(s['A_blocks_overwritten'])})",
+        ),
+        ("stored, device->host", _moved(s["store"])),
+        ("loaded, host->device", _moved(s["load"])),
+        (
+            "prefill B with hit",
+            f"{pf['with_hit_s'] * 1e3:.1f} ms (load {pf['with_hit_load_s'] * 1e3:.1f} ms, "
+            f"{pf['with_hit_tokens_computed']} tokens computed)",
+        ),
+        (
+            "prefill B, no hit",
+            f"{pf['full_recompute_s'] * 1e3:.1f} ms "
+            f"({pf['full_recompute_tokens_computed']} tokens computed), "
+            f"speedup {pf['speedup']:.2f}x",
+        ),
+        ("logits check", _check(ck, s["prefix_hit_tokens"])),
+        ("wall time", f"{s['wall_s']:.1f} s (warm-up/compile {pf['warmup_s']:.1f} s)"),
+    ]
+    width = max(len(k) for k, _ in rows)
+    lines = ["jax-kvoffload demo: prefix reuse through host memory", ""]
+    lines += [f"  {k:<{width}}  {v}" for k, v in rows]
+    return "\n".join(lines)
+
+
+def _yes(flag: bool) -> str:
+    return "yes" if flag else "NO"
+
+
+def _moved(t: dict) -> str:
+    if not t["blocks"]:
+        return "nothing"
+    return (
+        f"{t['blocks']} blocks, {_size(t['bytes'])} in {t['seconds'] * 1e3:.1f} ms "
+        f"({t['gb_per_s']:.2f} GB/s)"
+    )
+
+
+def _check(ck: dict, hit_tokens: int) -> str:
+    verdict = "PASS" if ck["passed"] else "FAIL"
+    equal = "bit-identical" if ck["logits_equal"] else f"max |diff| {ck['max_abs_diff']:.3g}"
+    decode = "equal" if ck["decode_equal"] else "DIFFERENT"
+    if not hit_tokens:
+        return f"{verdict}: no prefix hit"
+    return (
+        f"{verdict}: {ck['positions_compared']} suffix positions {equal} to a full "
+        f"recompute; decoded tokens {decode} {ck['decoded_tokens']}"
+    )

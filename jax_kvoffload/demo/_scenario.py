@@ -1,0 +1,268 @@
+"""The prefix-reuse scenario: A is offloaded, its blocks are reused, B loads A's prefix.
+
+1. warm-up: compile the model steps and both transfer directions (not timed below);
+2. request A (`prompt_blocks` full blocks + a short tail) is prefilled and decoded, and
+   its full blocks are stored to host memory through the `KVOffloader`;
+3. A finishes: its blocks go back to the free list, and filler request C is prefilled
+   into exactly those blocks, overwriting A's K/V;
+4. request B = A's prefix + a new suffix: lookup, load the hit into fresh blocks,
+   prefill only the remainder, decode;
+5. request R = B recomputed from scratch in other blocks; B's logits at every suffix
+   position and its decoded tokens must equal R's exactly.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+
+import jax
+import numpy as np
+
+from jax_kvoffload.demo._model import DemoConfigError, DemoModelConfig, DemoTransformer
+from jax_kvoffload.demo._serving import (
+    CACHE_LAYOUT,
+    PagedServer,
+    Progress,
+    Request,
+    block_hashes,
+    empty_caches,
+)
+from jax_kvoffload.transfer import GroupCaches
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScenarioConfig:
+    """Scenario sizes. `skip_load` is a negative control: B trusts the lookup but never
+    loads, so its prefix blocks hold whatever they held before and the check must fail."""
+
+    model: DemoModelConfig = field(default_factory=DemoModelConfig)
+    block_size: int = 16
+    prompt_blocks: int = 8
+    suffix_tokens: int = 24
+    decode_tokens: int = 4
+    blocks_per_chunk: int = 2
+    kernel_backend: str = "auto"
+    skip_load: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("block_size", "prompt_blocks", "suffix_tokens", "blocks_per_chunk"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise DemoConfigError(f"{name}={value!r} must be a positive int")
+        if self.decode_tokens < 0:
+            raise DemoConfigError(f"decode_tokens={self.decode_tokens} must be >= 0")
+        if self.prompt_blocks < self.blocks_per_chunk:
+            raise DemoConfigError(
+                f"prompt_blocks={self.prompt_blocks} holds no whole chunk of "
+                f"blocks_per_chunk={self.blocks_per_chunk} blocks: nothing could be offloaded; "
+                f"use prompt_blocks >= {self.blocks_per_chunk}"
+            )
+
+    @property
+    def tail_tokens(self) -> int:
+        """A's own tokens after the shared prefix (a partial block: never offloaded)."""
+        return max(1, self.block_size // 2)
+
+    @property
+    def max_blocks_per_seq(self) -> int:
+        longest = self.prompt_blocks * self.block_size + max(self.suffix_tokens, self.tail_tokens)
+        return -(-(longest + self.decode_tokens) // self.block_size)
+
+
+def build_offloader(cfg: ScenarioConfig, num_blocks: int):
+    """The `OffloadingConfig` of the demo engine and a `KVOffloader` over fresh caches."""
+    from jax_kvoffload import KVOffloader
+    from jax_kvoffload.config import (
+        CacheConfig,
+        EngineConfig,
+        FullAttentionSpec,
+        KVCacheConfig,
+        KVCacheGroupSpec,
+        KVTransferConfig,
+        ModelConfig,
+        build_offloading_config,
+    )
+
+    m = cfg.model
+    caches = empty_caches(m.num_layers, num_blocks, cfg.block_size, m.num_kv_heads, m.head_dim)
+    group = GroupCaches(caches, CACHE_LAYOUT)
+    # Room for the warm-up's chunks and A's, twice over: nothing is evicted in the demo.
+    budget = 4 * (cfg.prompt_blocks + cfg.blocks_per_chunk) * group.block_bytes
+    spec = FullAttentionSpec(
+        block_size=cfg.block_size, num_kv_heads=m.num_kv_heads, head_size=m.head_dim,
+        dtype="float32",
+    )  # fmt: skip
+    engine = EngineConfig(
+        model_config=ModelConfig(
+            model="jax-kvoffload-demo", dtype="float32", total_num_kv_heads=m.num_kv_heads
+        ),
+        cache_config=CacheConfig(block_size=cfg.block_size),
+        kv_transfer_config=KVTransferConfig(
+            kv_connector_extra_config={
+                "cpu_bytes_to_use": budget,
+                "blocks_per_chunk": cfg.blocks_per_chunk,
+            },
+            engine_id="demo",
+        ),
+    )
+    layers = tuple(f"layers.{i}" for i in range(m.num_layers))
+    kv = KVCacheConfig(
+        num_blocks=num_blocks,
+        kv_cache_tensors=(),
+        kv_cache_groups=(KVCacheGroupSpec(layer_names=layers, kv_cache_spec=spec),),
+    )
+    config = build_offloading_config(engine, kv)
+    return KVOffloader(config, group, backend=cfg.kernel_backend)
+
+
+def _rate(nbytes: int, seconds: float) -> float:
+    return nbytes / seconds / 1e9 if seconds > 0 else 0.0
+
+
+def _block_words(off, block_ids) -> np.ndarray:
+    ids = np.asarray(block_ids)
+    return np.stack([np.asarray(a)[ids] for a in off.caches()])
+
+
+def run_scenario(cfg: ScenarioConfig, progress: Progress | None = None) -> dict:
+    """Runs the scenario; returns the JSON-ready summary (`summary["check"]["passed"]`)."""
+    wall = time.perf_counter()
+    report = progress or (lambda *_: None)
+    rng = np.random.default_rng(cfg.model.seed + 1)
+    vocab, bs = cfg.model.vocab_size, cfg.block_size
+
+    def tokens(n: int) -> list[int]:
+        return rng.integers(0, vocab, n).tolist()
+
+    report("build model", 0, 1)
+    model = DemoTransformer(cfg.model)
+    per_seq = cfg.max_blocks_per_seq
+    # C holds A's old blocks while B and R run: three sequences at once, plus slack.
+    off = build_offloader(cfg, num_blocks=3 * per_seq + cfg.blocks_per_chunk)
+    server = PagedServer(model, off, block_size=bs, max_blocks_per_seq=per_seq)
+    block_bytes = GroupCaches(off.caches(), CACHE_LAYOUT).block_bytes
+    report("build model", 1, 1)
+    try:
+        # 1. warm-up: one round trip of the same block count, then forget it.
+        start = time.perf_counter()
+        warm = Request("warm-up", tokens(cfg.prompt_blocks * bs + cfg.tail_tokens))
+        server.decode(warm, min(1, cfg.decode_tokens), server.prefill(warm, progress)[-1])
+        warm_hashes = block_hashes(warm.tokens, bs, seed=b"warm-up")[: cfg.prompt_blocks]
+        _finish(off, off.store(warm_hashes, warm.block_ids[: cfg.prompt_blocks]), "warm-up store")
+        n = off.lookup(warm_hashes)
+        _finish(off, off.load(warm_hashes[:n], warm.block_ids[:n]), "warm-up load")
+        jax.block_until_ready(off.caches())
+        server.free(warm)
+        off.reset_cache()
+        warmup_s = time.perf_counter() - start
+
+        # 2. request A: prefill, decode, store its full prompt blocks.
+        prefix = tokens(cfg.prompt_blocks * bs)
+        a = Request("A", prefix + tokens(cfg.tail_tokens))
+        server.decode(a, cfg.decode_tokens, server.prefill(a, progress)[-1])
+        a_hashes = block_hashes(a.tokens, bs)[: cfg.prompt_blocks]
+        a_blocks = list(a.block_ids[: cfg.prompt_blocks])
+        a_words = _block_words(off, a_blocks)
+        # Waited for here so the store's time is the transfer's alone; an engine would
+        # go on computing (C's prefill below may donate the arrays the gather reads).
+        stored = _finish(off, off.store(a_hashes, a_blocks), "A's store")
+
+        # 3. A finishes; C reuses its blocks.
+        server.free(a)
+        c = Request("C", tokens(len(a.tokens)))
+        server.prefill(c, progress)
+        reused = set(a_blocks) <= set(c.block_ids)
+        overwritten = not np.array_equal(a_words, _block_words(off, a_blocks))
+
+        # 4. request B: lookup, load the hit into fresh blocks, prefill the rest.
+        b = Request("B", prefix + tokens(cfg.suffix_tokens))
+        b_hashes = block_hashes(b.tokens, bs)
+        start = time.perf_counter()
+        hit = off.lookup(b_hashes)
+        server.reserve(b, len(b.tokens))
+        loaded = None
+        if hit and not cfg.skip_load:
+            loaded = _finish(off, off.load(b_hashes[:hit], b.block_ids[:hit]), "B's load")
+            jax.block_until_ready(off.caches())
+        load_s = time.perf_counter() - start
+        b.num_computed = hit * bs
+        b_logits = server.prefill(b, progress)
+        hit_s = time.perf_counter() - start
+        b_tokens, b_decode = server.decode(b, cfg.decode_tokens, b_logits[-1])
+
+        # 5. request R: B from scratch, in other blocks.
+        r = Request("R", list(b.tokens[: len(prefix) + cfg.suffix_tokens]))
+        start = time.perf_counter()
+        r_logits = server.prefill(r, progress)
+        full_s = time.perf_counter() - start
+        r_tokens, r_decode = server.decode(r, cfg.decode_tokens, r_logits[-1])
+        r_suffix = r_logits[hit * bs :]
+        disjoint = not set(b.block_ids) & set(r.block_ids)
+        for request in (b, r, c):
+            server.free(request)
+        host = {"chunks": off.num_chunks, "bytes": off.host_bytes}
+    finally:
+        off.close()
+
+    logits_equal = bool(np.array_equal(b_logits, r_suffix))
+    decode_equal = b_tokens == r_tokens and bool(np.array_equal(b_decode, r_decode))
+    stored_ok = stored.success and (loaded is None or loaded.success)
+    return {
+        "backend": jax.default_backend(),
+        "device": str(jax.devices()[0]),
+        "model": asdict(cfg.model),
+        "scenario": {k: v for k, v in asdict(cfg).items() if k != "model"},
+        "block_bytes": block_bytes,
+        "host": host,
+        "requests": {
+            "A_tokens": len(prefix) + cfg.tail_tokens,
+            "B_tokens": len(prefix) + cfg.suffix_tokens,
+            "shared_prefix_tokens": len(prefix),
+        },
+        "filler_reused_A_blocks": reused,
+        "A_blocks_overwritten": overwritten,
+        "prefix_hit_tokens": hit * bs,
+        "prefix_hit_blocks": hit,
+        "store": _transfer(stored, block_bytes),
+        "load": _transfer(loaded, block_bytes),
+        "prefill": {
+            "warmup_s": warmup_s,
+            "with_hit_s": hit_s,
+            "with_hit_load_s": load_s,
+            "with_hit_tokens_computed": len(b_logits),
+            "full_recompute_s": full_s,
+            "full_recompute_tokens_computed": len(r_logits),
+            "speedup": full_s / hit_s if hit_s > 0 else 0.0,
+        },
+        "check": {
+            "positions_compared": len(b_logits),
+            "logits_equal": logits_equal,
+            "max_abs_diff": float(np.max(np.abs(b_logits - r_suffix))),
+            "decoded_tokens": b_tokens,
+            "decode_equal": decode_equal,
+            "recompute_in_disjoint_blocks": disjoint,
+            "passed": logits_equal and decode_equal and stored_ok and hit > 0,
+        },
+        "wall_s": time.perf_counter() - wall,
+    }
+
+
+def _finish(off, job: int | None, what: str):
+    """Waits for one job; a store the host refused (no room) is an error in the demo."""
+    if job is None:
+        raise RuntimeError(f"{what}: the offloader started no job (host store full?)")
+    (result,) = off.wait([job])
+    return result
+
+
+def _transfer(result, block_bytes: int) -> dict:
+    if result is None:
+        return {"blocks": 0, "bytes": 0, "seconds": 0.0, "gb_per_s": 0.0, "success": None}
+    return {
+        "blocks": result.size_bytes // block_bytes,
+        "bytes": result.size_bytes,
+        "seconds": result.seconds,
+        "gb_per_s": _rate(result.size_bytes, result.seconds),
+        "success": result.success,
+    }
