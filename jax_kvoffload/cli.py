@@ -26,6 +26,34 @@ def _config_explain(args: argparse.Namespace) -> int:
     return 0
 
 
+BENCHMARKS = ("kernels", "offload", "manager")
+
+
+def _bench(args: argparse.Namespace) -> int:
+    import pathlib
+    import runpy
+
+    # The benchmark scripts live in the source checkout (benchmarks/), beside the package.
+    root = pathlib.Path(__file__).resolve().parents[1] / "benchmarks"
+    script = root / f"{args.name}.py"
+    if not script.is_file():
+        print(
+            f"error: {script} not found: `jax-kvoffload bench` runs the scripts of a source "
+            "checkout (pip install -e .)",
+            file=sys.stderr,
+        )
+        return 2
+    saved = sys.argv
+    sys.argv = [str(script), *args.args]
+    try:
+        runpy.run_path(str(script), run_name="__main__")
+    except SystemExit as exc:
+        return int(exc.code or 0) if not isinstance(exc.code, str) else 1
+    finally:
+        sys.argv = saved
+    return 0
+
+
 def _demo(args: argparse.Namespace) -> int:
     import json
 
@@ -128,6 +156,15 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("--json", action="store_true", help="machine-readable output")
     explain.set_defaults(func=_config_explain)
     config.set_defaults(func=lambda _args: (config.print_help(), 0)[1])
+
+    bench = commands.add_parser(
+        "bench",
+        help="run a benchmark script (kernels, offload, manager); extra arguments pass "
+        "through, e.g. `jax-kvoffload bench offload --quick`",
+    )
+    bench.add_argument("name", choices=BENCHMARKS)
+    bench.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
+    bench.set_defaults(func=_bench)
     _add_demo(commands)
     return parser
 

@@ -134,3 +134,18 @@ def test_module_entry_point_runs():
         check=True,
     )
     assert "tokens_per_hash=16" in out.stdout
+
+
+def test_bench_runs_a_benchmark_script(capsys, tmp_path):
+    code, out, _ = run(
+        capsys, "bench", "manager", "--quick", "--requests", "300", "--out", str(tmp_path)
+    )
+    assert code == 0
+    assert (tmp_path / "manager.csv").read_text().count("\n") >= 3  # header + LRU + ARC
+    assert "lookups/s" in out
+
+
+def test_bench_rejects_unknown_names(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", "nope"])
+    assert exc.value.code == 2
