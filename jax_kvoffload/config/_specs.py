@@ -61,6 +61,17 @@ _PER_TOKEN_HEAD = frozenset(
 )
 
 
+def _check_padding(spec: KVCacheSpec) -> None:
+    # vLLM asserts page_size_padded >= the real page; say which sizes and the fix.
+    v.check_optional_int("page_size_padded", spec.page_size_padded, minimum=1)
+    if spec.page_size_padded is not None and spec.page_size_padded < spec.real_page_size_bytes:
+        raise ConfigFieldError(
+            "page_size_padded",
+            f"{spec.page_size_padded} is smaller than the real page "
+            f"({spec.real_page_size_bytes} bytes); use at least that",
+        )
+
+
 def kv_quant_mode_for(cache_dtype: str) -> KVQuantMode:
     """vLLM's `get_kv_quant_mode`: the mode a `cache_dtype` string implies."""
     if cache_dtype in ("int4_per_token_head", "int8_per_token_head", "fp8_per_token_head"):
@@ -133,13 +144,7 @@ class AttentionSpec(KVCacheSpec):
         v.check_optional_int("num_head_slots", self.num_head_slots, minimum=1)
         v.check_optional_int("state_content_bytes", self.state_content_bytes, minimum=1)
         v.check_ratio("tokens_per_state", self.tokens_per_state)
-        v.check_optional_int("page_size_padded", self.page_size_padded, minimum=1)
-        if self.page_size_padded is not None and self.page_size_padded < self.real_page_size_bytes:
-            raise ConfigFieldError(
-                "page_size_padded",
-                f"{self.page_size_padded} is smaller than the real page "
-                f"({self.real_page_size_bytes} bytes); use at least that",
-            )
+        _check_padding(self)
 
     @property
     def num_heads(self) -> int:
@@ -322,13 +327,7 @@ class MambaSpec(KVCacheSpec):
                 "mamba_cache_mode",
                 f"must be 'none', 'align' or 'all', got {self.mamba_cache_mode!r}",
             )
-        v.check_optional_int("page_size_padded", self.page_size_padded, minimum=1)
-        if self.page_size_padded is not None and self.page_size_padded < self.real_page_size_bytes:
-            raise ConfigFieldError(
-                "page_size_padded",
-                f"{self.page_size_padded} is smaller than the state "
-                f"({self.real_page_size_bytes} bytes)",
-            )
+        _check_padding(self)
 
     @property
     def real_page_size_bytes(self) -> int:
