@@ -52,13 +52,25 @@ class GroupCaches:
         return self.layout.num_blocks(tuple(self.arrays[0].shape))
 
 
-def _host_sharding(array: jax.Array) -> Any:
-    """Pinned host memory on the array's device when the platform offers it."""
-    kinds = {m.kind for m in array.devices().pop().addressable_memories()}
+def _host_sharding(staging: jax.Array) -> Any:
+    """The staging array's own sharding in pinned host memory (when the platform has it).
+
+    Derived from the staging array, not the caches: a cache's partition spec names the
+    cache's axes, which are not the staging's `[n, arrays, *page]` axes.
+    """
+    kinds = {m.kind for m in next(iter(staging.devices())).addressable_memories()}
     for kind in ("pinned_host", "unpinned_host"):
         if kind in kinds:
-            return array.sharding.with_memory_kind(kind)
+            return staging.sharding.with_memory_kind(kind)
     return None
+
+
+def _replicated(sharding: Any) -> Any:
+    """A sharding that places a whole staging array on every device of `sharding`."""
+    mesh = getattr(sharding, "mesh", None)
+    if mesh is None:
+        return sharding  # single device
+    return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
 
 
 @dataclass
@@ -149,11 +161,11 @@ class TransferEngine:
         try:
             for t in transfers:
                 gc = self._caches[t.group]
-                sharding = _host_sharding(gc.arrays[0])
                 start = 0
                 for n in bucket_sizes(len(t.block_ids), self._max_bucket):
                     ids = np.asarray(t.block_ids[start : start + n], dtype=np.int32)
                     staging = pk.gather_blocks(gc.arrays, ids, layout=gc.layout, **self._kernel_kw)
+                    sharding = _host_sharding(staging)
                     host = staging if sharding is None else jax.device_put(staging, sharding)
                     staged.append((t.group, t, t.first_slot + start, host))
                     start += n
@@ -191,7 +203,7 @@ class TransferEngine:
                 rows = np.empty((len(ids), gc.block_bytes), dtype=np.uint8)
                 self._pool.read_blocks(group, list(t.chunk_ids), first, len(ids), rows)
                 host = rows.view(gc.arrays[0].dtype).reshape(shape)
-                device = gc.arrays[0].sharding
+                device = _replicated(gc.arrays[0].sharding)
                 pieces.append((group, ids, jax.block_until_ready(jax.device_put(host, device))))
 
         self._enqueue(job_id, Direction.LOAD, fetch, size, pieces)

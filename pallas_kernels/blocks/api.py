@@ -135,7 +135,16 @@ def _gather(caches, block_ids, *, layout, backend, config, interpret):
     return from_words(out, _staging_shape(caches, block_ids.shape[0], layout), caches[0].dtype)
 
 
-def _scatter_impl(caches, block_ids, staging, *, layout, backend, config, interpret):
+def _scatter_impl(caches, block_ids, staging, *, layout, backend, config, interpret, shardings):
+    out = _scatter_body(caches, block_ids, staging, layout, backend, config, interpret)
+    if shardings is not None:
+        # Keep each cache's sharding: otherwise XLA may pick another (e.g. replicated)
+        # for the output, the donated buffers cannot be reused and the cache is copied.
+        out = [jax.lax.with_sharding_constraint(o, s) for o, s in zip(out, shardings, strict=True)]
+    return out
+
+
+def _scatter_body(caches, block_ids, staging, layout, backend, config, interpret):
     if backend == "reference":
         return reference.scatter_blocks_reference(caches, block_ids, staging, layout=layout)
     wb = _word_bytes(caches[0], layout, config)
@@ -152,7 +161,7 @@ def _scatter_impl(caches, block_ids, staging, *, layout, backend, config, interp
     return [from_words(o, c.shape, c.dtype) for o, c in zip(out, caches, strict=True)]
 
 
-_STATIC = ("layout", "backend", "config", "interpret")
+_STATIC = ("layout", "backend", "config", "interpret", "shardings")
 _scatter_donating = jax.jit(_scatter_impl, static_argnames=_STATIC, donate_argnums=0)
 _scatter_keeping = jax.jit(_scatter_impl, static_argnames=_STATIC)
 
@@ -242,4 +251,15 @@ def scatter_blocks(
         backend=backend,
         config=config,
         interpret=interpret,
+        shardings=_mesh_shardings(caches),
     )
+
+
+def _mesh_shardings(caches: Sequence[Any]) -> tuple[Any, ...] | None:
+    """The caches' shardings when they span several devices (a jit static), else None."""
+    shardings = tuple(getattr(c, "sharding", None) for c in caches)
+    if any(not isinstance(s, jax.sharding.NamedSharding) for s in shardings):
+        return None
+    if all(len(s.device_set) == 1 for s in shardings):
+        return None
+    return shardings

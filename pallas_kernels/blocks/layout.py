@@ -171,6 +171,10 @@ def default_word_bytes(shape: tuple[int, ...], dtype: np.dtype, layout: KVLayout
 
 def to_words(cache: jax.Array, layout: KVLayout, word_bytes: int) -> jax.Array:
     """``cache`` as ``[outer, num_blocks, words]`` unsigned words (reshape + bitcast only)."""
+    # Bitcast to same-width integers before any reshape: a reshape that moves data
+    # (e.g. of a sharded array) may otherwise run on floats, and XLA:CPU canonicalises
+    # NaN payloads of bf16 on the way (0x7F81 -> 0x7FC0), breaking bit-exactness.
+    cache = jax.lax.bitcast_convert_type(cache, _WORD_DTYPES[np.dtype(cache.dtype).itemsize])
     if layout.kv_stacking is KVStacking.FIRST:
         flat = cache.reshape(2, cache.shape[1], -1)
     else:
@@ -191,9 +195,11 @@ def bitcast_last(x: jax.Array, word_bytes: int) -> jax.Array:
 
 
 def from_words(words: jax.Array, shape: tuple[int, ...], dtype: np.dtype) -> jax.Array:
-    """Inverse of ``to_words`` for any leading shape: bitcast back, then reshape."""
+    """Inverse of ``to_words`` for any leading shape: reshape as integers, bitcast last."""
+    same = _WORD_DTYPES[np.dtype(dtype).itemsize]
     ratio = np.dtype(dtype).itemsize // np.dtype(words.dtype).itemsize
     if ratio > 1:  # narrower words: regroup them into whole elements first
         words = words.reshape(*words.shape[:-1], -1, ratio)
-    values = jax.lax.bitcast_convert_type(words, dtype)
-    return values.reshape(shape)
+    values = jax.lax.bitcast_convert_type(words, same).reshape(shape)
+    # Same width, elementwise: the only step that sees the real dtype moves no data.
+    return jax.lax.bitcast_convert_type(values, dtype)
