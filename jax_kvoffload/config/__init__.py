@@ -17,6 +17,33 @@ from jax_kvoffload.config._boundary import OffloadingConfig as OffloadingConfig
 from jax_kvoffload.config._boundary import OffloadingGroupConfig as OffloadingGroupConfig
 from jax_kvoffload.config._boundary import OffloadingModelConfig as OffloadingModelConfig
 from jax_kvoffload.config._boundary import OffloadingParallelConfig as OffloadingParallelConfig
+from jax_kvoffload.config._canonical import ByteRegion as ByteRegion
+from jax_kvoffload.config._canonical import CanonicalPageMapping as CanonicalPageMapping
+from jax_kvoffload.config._canonical import CopyRun as CopyRun
+from jax_kvoffload.config._canonical import KVTensorView as KVTensorView
+from jax_kvoffload.config._canonical import RankContext as RankContext
+from jax_kvoffload.config._canonical import coalesce_runs as coalesce_runs
+from jax_kvoffload.config._canonical import interleave_tokens as interleave_tokens
+from jax_kvoffload.config._canonical_derive import CanonicalLayoutError as CanonicalLayoutError
+from jax_kvoffload.config._canonical_derive import CanonicalRegistration as CanonicalRegistration
+from jax_kvoffload.config._canonical_derive import LayerCanonicalMappings as LayerCanonicalMappings
+from jax_kvoffload.config._canonical_derive import (
+    derive_canonical_mappings as derive_canonical_mappings,
+)
+from jax_kvoffload.config._canonical_derive import derive_layer_mappings as derive_layer_mappings
+from jax_kvoffload.config._canonical_derive import rank_contexts as rank_contexts
+from jax_kvoffload.config._canonical_derive import (
+    register_canonical_layout as register_canonical_layout,
+)
+from jax_kvoffload.config._canonical_layer import (
+    CANONICAL_FORMAT_VERSION as CANONICAL_FORMAT_VERSION,
+)
+from jax_kvoffload.config._canonical_layer import CanonicalTilingError as CanonicalTilingError
+from jax_kvoffload.config._canonical_layer import canonical_format_id as canonical_format_id
+from jax_kvoffload.config._canonical_layer import layer_mapping as layer_mapping
+from jax_kvoffload.config._canonical_layer import layer_mapping_or_reason as layer_mapping_or_reason
+from jax_kvoffload.config._canonical_layer import opaque_fallback_mapping as opaque_fallback_mapping
+from jax_kvoffload.config._canonical_layer import verify_tiling as verify_tiling
 from jax_kvoffload.config._dtypes import as_dtype as as_dtype
 from jax_kvoffload.config._engine import CacheConfig as CacheConfig
 from jax_kvoffload.config._engine import EngineConfig as EngineConfig
@@ -72,14 +99,21 @@ from jax_kvoffload.config._translate import (
 from jax_kvoffload.config._translate import group_kv_bytes_per_block as group_kv_bytes_per_block
 
 __all__ = [
+    "CANONICAL_FORMAT_VERSION",
     "AttentionSpec",
+    "ByteRegion",
     "CacheConfig",
+    "CanonicalLayoutError",
+    "CanonicalPageMapping",
+    "CanonicalRegistration",
+    "CanonicalTilingError",
     "Certification",
     "ChunkMultipleError",
     "ChunkSizeError",
     "ChunkedLocalAttentionSpec",
     "CircularBufferSpec",
     "ConfigFieldError",
+    "CopyRun",
     "CrossAttentionSpec",
     "EncoderOnlyAttentionSpec",
     "EngineConfig",
@@ -96,7 +130,9 @@ __all__ = [
     "KVCacheTensor",
     "KVEventsConfig",
     "KVQuantMode",
+    "KVTensorView",
     "KVTransferConfig",
+    "LayerCanonicalMappings",
     "MLAAttentionSpec",
     "MambaSpec",
     "MissingTransferConfigError",
@@ -112,6 +148,7 @@ __all__ = [
     "ParallelConfig",
     "PrefixMatchUnitError",
     "RSWASpec",
+    "RankContext",
     "SinkFullAttentionSpec",
     "SlidingWindowMLASpec",
     "SlidingWindowSpec",
@@ -121,13 +158,24 @@ __all__ = [
     "WindowSpecError",
     "as_dtype",
     "build_offloading_config",
+    "canonical_format_id",
     "certify",
+    "coalesce_runs",
+    "derive_canonical_mappings",
+    "derive_layer_mappings",
     "get_offloading_group_ids",
     "get_sliding_window_size_in_chunks",
     "group_kv_bytes_per_block",
+    "interleave_tokens",
     "iter_layer_specs",
     "kv_quant_mode_for",
+    "layer_mapping",
+    "layer_mapping_or_reason",
+    "opaque_fallback_mapping",
+    "rank_contexts",
+    "register_canonical_layout",
     "resolve_dcp_kv_block_size",
     "resolve_kv_cache_block_sizes",
     "spec_certifiable",
+    "verify_tiling",
 ]

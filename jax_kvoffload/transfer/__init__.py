@@ -5,6 +5,14 @@ asynchronously over a `HostChunkPool`. See docs/architecture.md.
 """
 
 from jax_kvoffload.transfer._buckets import bucket_sizes as bucket_sizes
+from jax_kvoffload.transfer._canonical import CanonicalGroupPlan as CanonicalGroupPlan
+from jax_kvoffload.transfer._canonical import canonical_block_bytes as canonical_block_bytes
+from jax_kvoffload.transfer._canonical import group_layer_pages as group_layer_pages
+from jax_kvoffload.transfer._canonical import layer_view as layer_view
+from jax_kvoffload.transfer._canonical import plan_for_group as plan_for_group
+from jax_kvoffload.transfer._canonical_global import check_global_caches as check_global_caches
+from jax_kvoffload.transfer._canonical_pool import CanonicalPoolView as CanonicalPoolView
+from jax_kvoffload.transfer._canonical_pool import plans_for_rank as plans_for_rank
 from jax_kvoffload.transfer._engine import GroupCaches as GroupCaches
 from jax_kvoffload.transfer._engine import TransferEngine as TransferEngine
 from jax_kvoffload.transfer._host_pool import HostChunkPool as HostChunkPool
@@ -15,6 +23,8 @@ from jax_kvoffload.transfer._jobs import TransferError as TransferError
 from jax_kvoffload.transfer._jobs import TransferResult as TransferResult
 
 __all__ = [
+    "CanonicalGroupPlan",
+    "CanonicalPoolView",
     "Direction",
     "GroupCaches",
     "GroupTransfer",
@@ -24,4 +34,10 @@ __all__ = [
     "TransferError",
     "TransferResult",
     "bucket_sizes",
+    "canonical_block_bytes",
+    "check_global_caches",
+    "group_layer_pages",
+    "layer_view",
+    "plan_for_group",
+    "plans_for_rank",
 ]

@@ -1,0 +1,178 @@
+"""Canonical vs direct offload: what the canonical relayout costs against the transfer.
+
+For each case (page encoding x TP of the storing rank), rank 0 of the TP group stores and
+loads `--blocks` blocks of `--layers` layers through `TransferEngine`, once into a plain
+`HostChunkPool` (direct) and once through `CanonicalPoolView` (canonical: the host-side
+relayout into shared canonical rows, writer rotation included). Reported per direction:
+median seconds of the whole job, of the host relayout alone (`CanonicalGroupPlan.store` /
+`load` on the same rows) and of the plain host row copy it replaces, and the relayout's
+share of the direct job. On CPU the "transfer" is a host memcpy, so this is the worst case
+for the ratio; on an accelerator the job also pays the D2H/H2D copy.
+
+Usage:
+  python benchmarks/canonical.py            # 16-token blocks, 16 KV heads x 128, bf16
+  python benchmarks/canonical.py --quick    # small sizes, a few seconds
+  python benchmarks/canonical.py --out DIR  # CSV (default benchmarks/results/)
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import pathlib
+import statistics
+import time
+
+import jax.numpy as jnp
+import numpy as np
+
+import pallas_kernels as pk
+from jax_kvoffload.config import FullAttentionSpec, KVTensorView, RankContext, layer_mapping
+from jax_kvoffload.transfer import (
+    CanonicalPoolView,
+    GroupCaches,
+    GroupTransfer,
+    HostChunkPool,
+    TransferEngine,
+    plan_for_group,
+)
+
+FORMS = {
+    "packed-nhd": (pk.KVLayout.nhd(), "packed", "nhd"),
+    "split-nhd": (pk.KVLayout.nhd(pk.KVStacking.SECOND), "split", "nhd"),
+    "split-hnd": (pk.KVLayout.hnd(pk.KVStacking.SECOND), "split", "hnd"),
+}
+
+
+def _shape(form, nb, bs, heads, hs):
+    return {
+        "packed-nhd": (nb, bs, heads, 2 * hs),
+        "split-nhd": (nb, 2, bs, heads, hs),
+        "split-hnd": (nb, 2, heads, bs, hs),
+    }[form]
+
+
+def _median(fn, repeats):
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def run_case(form, tp, args):
+    layout, kind, order = FORMS[form]
+    heads = args.total_heads // tp
+    bs, hs, nb, n = args.block_size, args.head_size, args.blocks * 2, args.blocks
+    spec = FullAttentionSpec(block_size=bs, num_kv_heads=heads, head_size=hs, dtype="bfloat16")
+    make = KVTensorView.split if kind == "split" else KVTensorView.packed
+    view = make(nb, heads, bs, hs, 2, order)
+    mapping = layer_mapping(spec, view, nb, RankContext(tp, 1, 1, 1, args.total_heads, 0))
+    rng = np.random.default_rng(0)
+    shape = _shape(form, nb, bs, heads, hs)
+    arrays = [
+        jnp.asarray(rng.integers(0, 2**16, shape, dtype=np.uint16).view(jnp.bfloat16))
+        for _ in range(args.layers)
+    ]
+    bpc = 16
+    chunks = tuple(range(n // bpc))
+    plan = plan_for_group([mapping] * args.layers, [mapping.local_page_size_bytes] * args.layers)
+    direct_pool = HostChunkPool(len(chunks), {0: plan.local_block_bytes}, bpc, prefault=True)
+    shared = HostChunkPool(len(chunks), {0: plan.canonical_block_bytes}, bpc, prefault=True)
+    ids = tuple(range(0, nb, 2))[:n]
+    job = [GroupTransfer(0, ids, chunks)]
+    out = {}
+    for name, pool in (
+        ("direct", direct_pool),
+        ("canonical", CanonicalPoolView(shared, {0: plan})),
+    ):
+        with TransferEngine(
+            {0: GroupCaches([jnp.array(a, copy=True) for a in arrays], layout)},
+            pool,
+            backend="xla",
+            max_bucket=n,
+        ) as eng:
+            counter = iter(range(1, 10**6))
+
+            def do(direction, eng=eng, counter=counter):
+                j = next(counter)
+                (eng.submit_store if direction == "store" else eng.submit_load)(j, job)
+                (r,) = eng.wait([j])
+                assert r.success, r.error
+
+            do("store"), do("load")  # compile
+            out[name] = {d: _median(lambda d=d: do(d), args.repeats) for d in ("store", "load")}
+    rows = np.random.default_rng(1).integers(0, 256, (n, plan.local_block_bytes), np.uint8)
+    flat = shared.rows(0).reshape(-1, plan.canonical_block_bytes)
+    slots = np.arange(n)
+    local = np.empty_like(rows)
+    relayout = {
+        "store": _median(lambda: plan.store(flat, slots, rows), args.repeats),
+        "load": _median(lambda: plan.load(flat, slots, local), args.repeats),
+    }
+    plain = {
+        "store": _median(lambda: direct_pool.write_blocks(0, list(chunks), 0, rows), args.repeats),
+        "load": _median(
+            lambda: direct_pool.read_blocks(0, list(chunks), 0, n, local), args.repeats
+        ),
+    }
+    result = []
+    for d in ("store", "load"):
+        result.append(
+            {
+                "form": form,
+                "tp": tp,
+                "direction": d,
+                "fragments": len(mapping.fragments()),
+                "unit_bytes": plan.unit,
+                "job_mib": round(n * plan.local_block_bytes / 2**20, 2),
+                "direct_s": out["direct"][d],
+                "canonical_s": out["canonical"][d],
+                "relayout_s": relayout[d],
+                "plain_copy_s": plain[d],
+                "relayout_share_of_direct": relayout[d] / out["direct"][d],
+                "canonical_over_direct": out["canonical"][d] / out["direct"][d],
+            }
+        )
+    return result
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--out", default=str(pathlib.Path(__file__).parent / "results"))
+    args = ap.parse_args()
+    args.block_size, args.total_heads, args.head_size = 16, 16, 128
+    args.layers, args.blocks, args.repeats = (4, 64, 5) if args.quick else (8, 256, 7)
+    if args.quick:
+        args.head_size = 64
+    results = [r for form in FORMS for tp in (1, 2, 4) for r in run_case(form, tp, args)]
+    cols = [
+        "form",
+        "tp",
+        "direction",
+        "fragments",
+        "unit_bytes",
+        "job_mib",
+        "direct_s",
+        "canonical_s",
+        "relayout_s",
+        "plain_copy_s",
+        "relayout_share_of_direct",
+        "canonical_over_direct",
+    ]
+    print(" | ".join(cols))
+    for r in results:
+        print(" | ".join(f"{r[c]:.4g}" if isinstance(r[c], float) else str(r[c]) for c in cols))
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "canonical.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=cols)
+        w.writeheader()
+        w.writerows(results)
+    print(f"wrote {out / 'canonical.csv'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,124 @@
+"""A rank's view of a shared canonical host pool, usable wherever a `HostChunkPool` is.
+
+The shared `HostChunkPool` holds canonical block rows (`canonical_block_bytes` per block
+per group); every rank of the TP x PCP group writes its own bytes into the same rows and
+reads its page back from them. `CanonicalPoolView` presents the rank's local block width
+to a `TransferEngine` (which is unchanged: its store worker calls `write_blocks` after the
+device-to-host copy, its load worker `read_blocks` before the host-to-device copy), and
+relays every call through the group's `CanonicalGroupPlan`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from jax_kvoffload.config import CanonicalRegistration
+from jax_kvoffload.transfer._canonical import (
+    CanonicalGroupPlan,
+    group_layer_pages,
+    plan_for_group,
+)
+from jax_kvoffload.transfer._engine import GroupCaches
+from jax_kvoffload.transfer._host_pool import HostChunkPool, HostPoolError
+from jax_kvoffload.transfer._jobs import TransferError
+
+logger = logging.getLogger(__name__)
+
+
+class CanonicalPoolView:
+    """This rank's window on a canonical `HostChunkPool` (same interface).
+
+    Threading: as `HostChunkPool`; ranks write disjoint bytes of a row (tiling is verified
+    at registration), so several ranks may store into the same chunk concurrently.
+
+    Args:
+      pool: the shared pool; `pool.bytes_per_block[g]` is the canonical block width.
+      plans: group id -> this rank's `CanonicalGroupPlan`.
+    """
+
+    def __init__(self, pool: HostChunkPool, plans: Mapping[int, CanonicalGroupPlan]) -> None:
+        for g, plan in plans.items():
+            if pool.bytes_per_block.get(g) != plan.canonical_block_bytes:
+                raise TransferError(
+                    f"group {g}: the shared pool holds {pool.bytes_per_block.get(g)} bytes "
+                    f"per block but canonical rows are {plan.canonical_block_bytes}; size "
+                    "the pool with canonical_block_bytes"
+                )
+        self.pool = pool
+        self.plans = dict(plans)
+        self.num_chunks = pool.num_chunks
+        self.blocks_per_chunk = pool.blocks_per_chunk
+        self.bytes_per_block = {g: p.local_block_bytes for g, p in self.plans.items()}
+        self.bytes_written = 0  # canonical bytes this rank stored (writer rotation applied)
+
+    @property
+    def nbytes(self) -> int:
+        return self.pool.nbytes
+
+    def check_chunks(self, chunk_ids: list[int]) -> None:
+        self.pool.check_chunks(chunk_ids)
+
+    def _plan(self, group: int) -> CanonicalGroupPlan:
+        try:
+            return self.plans[group]
+        except KeyError:
+            raise HostPoolError(
+                f"group {group} has no canonical plan; groups are {sorted(self.plans)}"
+            ) from None
+
+    def _slots(self, chunk_ids: list[int], first: int, n: int) -> np.ndarray:
+        # Slot k is block (first + k) % bpc of chunk chunk_ids[(first + k) // bpc]; its row
+        # index in the [num_chunks * bpc, width] view is also its canonical page id.
+        bpc = self.blocks_per_chunk
+        k = np.arange(first, first + n)
+        return np.asarray(chunk_ids, dtype=np.int64)[k // bpc] * bpc + k % bpc
+
+    def _flat(self, group: int) -> np.ndarray:
+        rows = self.pool.rows(group)
+        return rows.reshape(self.num_chunks * self.blocks_per_chunk, -1)
+
+    def write_blocks(self, group: int, chunk_ids: list[int], first: int, data: np.ndarray) -> None:
+        """Stores this rank's bytes of `data` (`[n, local_block_bytes]` uint8)."""
+        slots = self._slots(chunk_ids, first, data.shape[0])
+        self.bytes_written += self._plan(group).store(self._flat(group), slots, data)
+
+    def read_blocks(
+        self, group: int, chunk_ids: list[int], first: int, n_blocks: int, out: np.ndarray
+    ) -> np.ndarray:
+        """Reads this rank's pages of `n_blocks` canonical blocks into `out`."""
+        slots = self._slots(chunk_ids, first, n_blocks)
+        return self._plan(group).load(self._flat(group), slots, out)
+
+
+def plans_for_rank(
+    registration: CanonicalRegistration,
+    group_layers: Mapping[int, Sequence[str]],
+    caches: Mapping[int, GroupCaches],
+    rank: int | None = None,
+) -> dict[int, CanonicalGroupPlan]:
+    """Each group's plan for `rank` (default: the registered rank).
+
+    `group_layers[g]` names the group's layers in the order of `caches[g].arrays` (for
+    SEPARATE K and V arrays, one name per pair)."""
+    rank = registration.rank if rank is None else rank
+    plans = {}
+    for g, names in group_layers.items():
+        gc = caches[g]
+        shapes = [tuple(a.shape) for a in gc.arrays]
+        pages = group_layer_pages(gc.layout, shapes, gc.arrays[0].dtype.itemsize)
+        missing = [n for n in names if n not in registration.layers]
+        if missing:
+            raise TransferError(f"group {g}: layers {missing} have no canonical mapping")
+        mappings = [registration.layers[n].mappings[rank] for n in names]
+        plans[g] = plan_for_group(mappings, pages)
+        logger.debug(
+            "group %d rank %d: canonical plan, unit %d B, identity %s",
+            g,
+            rank,
+            plans[g].unit,
+            plans[g].identity,
+        )
+    return plans
