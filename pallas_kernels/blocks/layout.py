@@ -169,12 +169,28 @@ def default_word_bytes(shape: tuple[int, ...], dtype: np.dtype, layout: KVLayout
     raise AssertionError("unreachable: itemsize always divides the page")
 
 
+def word_dtype(dtype: np.dtype, word_bytes: int) -> np.dtype:
+    """The integer type words of ``word_bytes`` take for a cache of ``dtype``: the dtype
+    itself when it already is an integer of that width, else the unsigned one."""
+    dt = np.dtype(dtype)
+    if dt.kind in "ui" and dt.itemsize == word_bytes:
+        return dt
+    return np.dtype(_WORD_DTYPES[word_bytes])
+
+
+def _as(x: jax.Array, dtype: np.dtype) -> jax.Array:
+    # A bitcast to the same dtype is skipped, not emitted: on XLA:CPU any bitcast of a
+    # scatter's operand costs a pass over the whole cache (measured: ~0.1 s per 256 MiB).
+    return x if np.dtype(x.dtype) == np.dtype(dtype) else jax.lax.bitcast_convert_type(x, dtype)
+
+
 def to_words(cache: jax.Array, layout: KVLayout, word_bytes: int) -> jax.Array:
-    """``cache`` as ``[outer, num_blocks, words]`` unsigned words (reshape + bitcast only)."""
-    # Bitcast to same-width integers before any reshape: a reshape that moves data
-    # (e.g. of a sharded array) may otherwise run on floats, and XLA:CPU canonicalises
-    # NaN payloads of bf16 on the way (0x7F81 -> 0x7FC0), breaking bit-exactness.
-    cache = jax.lax.bitcast_convert_type(cache, _WORD_DTYPES[np.dtype(cache.dtype).itemsize])
+    """``cache`` as ``[outer, num_blocks, words]`` integer words (reshape + bitcast only)."""
+    # Integers before any reshape: a reshape that moves data (e.g. of a sharded array)
+    # may otherwise run on floats, and XLA:CPU canonicalises bf16 NaN payloads on the way
+    # (0x7F81 -> 0x7FC0), breaking bit-exactness.
+    itemsize = np.dtype(cache.dtype).itemsize
+    cache = _as(cache, word_dtype(cache.dtype, itemsize))
     if layout.kv_stacking is KVStacking.FIRST:
         flat = cache.reshape(2, cache.shape[1], -1)
     else:
@@ -185,9 +201,9 @@ def to_words(cache: jax.Array, layout: KVLayout, word_bytes: int) -> jax.Array:
 def bitcast_last(x: jax.Array, word_bytes: int) -> jax.Array:
     """``[..., E]`` of any 1/2/4-byte dtype as ``[..., E * itemsize / word_bytes]`` words."""
     itemsize = np.dtype(x.dtype).itemsize
-    word = _WORD_DTYPES[word_bytes]
+    word = word_dtype(x.dtype, word_bytes)
     if word_bytes == itemsize:
-        return jax.lax.bitcast_convert_type(x, word)
+        return _as(x, word)
     if word_bytes < itemsize:  # each element splits into itemsize/word_bytes words
         return jax.lax.bitcast_convert_type(x, word).reshape(*x.shape[:-1], -1)
     grouped = x.reshape(*x.shape[:-1], -1, word_bytes // itemsize)
@@ -196,10 +212,10 @@ def bitcast_last(x: jax.Array, word_bytes: int) -> jax.Array:
 
 def from_words(words: jax.Array, shape: tuple[int, ...], dtype: np.dtype) -> jax.Array:
     """Inverse of ``to_words`` for any leading shape: reshape as integers, bitcast last."""
-    same = _WORD_DTYPES[np.dtype(dtype).itemsize]
-    ratio = np.dtype(dtype).itemsize // np.dtype(words.dtype).itemsize
+    itemsize = np.dtype(dtype).itemsize
+    ratio = itemsize // np.dtype(words.dtype).itemsize
     if ratio > 1:  # narrower words: regroup them into whole elements first
         words = words.reshape(*words.shape[:-1], -1, ratio)
-    values = jax.lax.bitcast_convert_type(words, same).reshape(shape)
+    values = _as(words, word_dtype(dtype, itemsize)).reshape(shape)
     # Same width, elementwise: the only step that sees the real dtype moves no data.
-    return jax.lax.bitcast_convert_type(values, dtype)
+    return _as(values, dtype)
