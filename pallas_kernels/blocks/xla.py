@@ -20,8 +20,10 @@ class XlaConfig:
     """Knobs of the XLA backend.
 
     Attributes:
-      word_bytes: width of the words moved (1, 2 or 4); None picks the widest that
-        divides a page half, since XLA's gather/scatter cost grows with element count.
+      word_bytes: width of the words moved (1, 2 or 4). None: gathers take the widest
+        that divides a page half (XLA's gather cost grows with element count); scatters
+        keep the cache's element width, since a bitcast of the operand makes XLA:CPU
+        copy the whole cache instead of updating it in place.
     """
 
     word_bytes: int | None = None
