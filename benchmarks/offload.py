@@ -32,9 +32,9 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 import pallas_kernels as pk
 from jax_kvoffload.transfer import GroupCaches, GroupTransfer, HostChunkPool, TransferEngine
 
-FULL = {"blocks": [64, 256, 1024], "layers": [8, 32]}
-QUICK = {"blocks": [64, 256], "layers": [8]}
-BLOCK_SIZE, KV_HEADS, HEAD_DIM = 16, 8, 128  # 16-token blocks, 32 KiB K+V pages in bf16
+FULL = {"blocks": [64, 256, 1024], "layers": [8, 32], "pages": [(8, 128), (2, 64)]}
+QUICK = {"blocks": [64, 256], "layers": [8], "pages": [(8, 128), (2, 64)]}
+BLOCK_SIZE = 16  # tokens per block; pages: (kv_heads, head_dim) -> 64 KiB or 8 KiB K+V in bf16
 
 
 def _median(fn, repeats: int) -> float:
@@ -47,29 +47,33 @@ def _median(fn, repeats: int) -> float:
     return statistics.median(samples)
 
 
-def measure(layers: int, blocks: int, repeats: int, backend: str) -> dict:
+def measure(layers: int, blocks: int, page: tuple[int, int], repeats: int, backend: str) -> dict:
     num_blocks = 2 * blocks
-    shape = (num_blocks, 2, BLOCK_SIZE, KV_HEADS, HEAD_DIM)  # K/V stacked second
+    kv_heads, head_dim = page
+    shape = (num_blocks, 2, BLOCK_SIZE, kv_heads, head_dim)  # K/V stacked second
     # uint16 storage for bf16 values: XLA:CPU upcasts bf16 scatters over the whole cache.
     arrays = [jnp.full(shape, k, jnp.uint16) for k in range(layers)]
     layout = pk.KVLayout.nhd(pk.KVStacking.SECOND)
     gc = GroupCaches(arrays, layout)
     pool = HostChunkPool(blocks, {0: gc.block_bytes}, 1)
-    engine = TransferEngine({0: gc}, pool, backend=backend, max_bucket=1024)
+    engine = TransferEngine({0: gc}, pool, backend=backend)  # default buckets
     ids = tuple(int(i) for i in np.random.default_rng(0).permutation(num_blocks)[:blocks])
     transfer = GroupTransfer(0, ids, tuple(range(blocks)))
     nbytes = blocks * gc.block_bytes
     job = iter(range(1, 10**9))
 
-    def engine_store():
+    def run(submit):
         j = next(job)
-        engine.submit_store(j, [transfer])
-        engine.wait([j])
+        submit(j, [transfer])
+        (result,) = engine.wait([j])
+        if not result.success:  # a failed job must not pass for a fast one
+            raise RuntimeError(f"benchmark job failed: {result.error}")
+
+    def engine_store():
+        run(engine.submit_store)
 
     def engine_load():
-        j = next(job)
-        engine.submit_load(j, [transfer])
-        engine.wait([j])
+        run(engine.submit_load)
 
     host = arrays[0].sharding.with_memory_kind("pinned_host")
     device = arrays[0].sharding
@@ -118,6 +122,7 @@ def measure(layers: int, blocks: int, repeats: int, backend: str) -> dict:
     gbs = {k: nbytes / v / 1e9 for k, v in t.items()}
     return {
         "layers": layers,
+        "page_kib": 2 * BLOCK_SIZE * kv_heads * head_dim * 2 // 1024,
         "blocks": blocks,
         "mib": nbytes / 2**20,
         **{f"{k}_gbs": round(v, 3) for k, v in gbs.items()},
@@ -139,11 +144,14 @@ def plot(rows: list[dict], path: pathlib.Path) -> None:
         return
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for ax, kind, ceiling in ((axes[0], "store", "ceiling_d2h"), (axes[1], "load", "ceiling_h2d")):
-        for layers in sorted({r["layers"] for r in rows}):
-            sub = [r for r in rows if r["layers"] == layers]
+        series = sorted({(r["layers"], r["page_kib"]) for r in rows})
+        for layers, kib in series:
+            sub = [r for r in rows if (r["layers"], r["page_kib"]) == (layers, kib)]
             x = [r["blocks"] for r in sub]
-            for key, style in ((f"engine_{kind}", "o-"), (f"per_block_{kind}", "s--"), (ceiling, "k:")):
-                ax.plot(x, [r[f"{key}_gbs"] for r in sub], style, label=f"{key}, {layers} layers")
+            styles = ((f"engine_{kind}", "o-"), (f"per_block_{kind}", "s--"), (ceiling, "k:"))
+            for key, style in styles:
+                label = f"{key}, {layers} layers x {kib} KiB"
+                ax.plot(x, [r[f"{key}_gbs"] for r in sub], style, label=label)
         ax.set_xscale("log", base=2)
         ax.set_xlabel("blocks (16 tokens each)")
         ax.set_ylabel("GB/s")
@@ -165,16 +173,18 @@ def main(argv: list[str] | None = None) -> int:
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = []
-    for layers in sweep["layers"]:
-        for blocks in sweep["blocks"]:
-            rows.append(measure(layers, blocks, args.repeats, args.backend))
-            print(f"layers={layers} blocks={blocks} done", file=sys.stderr)
+    for page in sweep["pages"]:
+        for layers in sweep["layers"]:
+            for blocks in sweep["blocks"]:
+                rows.append(measure(layers, blocks, page, args.repeats, args.backend))
+                print(f"page={page} layers={layers} blocks={blocks} done", file=sys.stderr)
     header = (
         f"# offload benchmark {datetime.date.today()} {platform.node()} "
         f"{jax.devices()[0].device_kind} jax {jax.__version__}"
     )
     cols = [
-        "layers", "blocks", "mib", "engine_store_gbs", "per_block_store_gbs", "ceiling_d2h_gbs",
+        "layers", "page_kib", "blocks", "mib",
+        "engine_store_gbs", "per_block_store_gbs", "ceiling_d2h_gbs",
         "store_vs_ceiling", "store_vs_per_block", "engine_load_gbs", "per_block_load_gbs",
         "ceiling_h2d_gbs", "load_vs_ceiling", "load_vs_per_block",
     ]  # fmt: skip
