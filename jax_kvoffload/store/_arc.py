@@ -45,6 +45,10 @@ class ARCPolicy(AbstractEvictionPolicy):
         self.t2: OrderedDict[OffloadKey, ChunkStatus] = OrderedDict()
         self.b1: OrderedDict[OffloadKey, None] = OrderedDict()
         self.b2: OrderedDict[OffloadKey, None] = OrderedDict()
+        # Every key of t1 and t2, so that `get` (the manager's hottest call) is one
+        # C-level dict lookup instead of a Python method probing two lists.
+        self._index: dict[OffloadKey, ChunkStatus] = {}
+        self.get = self._index.get  # type: ignore[method-assign]
 
     def _adapt_to_ghost_hit(self, key: OffloadKey) -> None:
         if key in self.b1:
@@ -57,18 +61,19 @@ class ARCPolicy(AbstractEvictionPolicy):
             self.b2.move_to_end(key)
 
     @override
-    def get(self, key: OffloadKey) -> ChunkStatus | None:
-        chunk = self.t1.get(key)
-        return self.t2.get(key) if chunk is None else chunk
+    def get(self, key: OffloadKey) -> ChunkStatus | None:  # replaced per instance
+        return self._index.get(key)
 
     @override
     def insert(self, key: OffloadKey, chunk: ChunkStatus, ctx: RequestContext | None) -> None:
         self.t1[key] = chunk
+        self._index[key] = chunk
         self.b1.pop(key, None)
         self.b2.pop(key, None)
 
     @override
     def remove(self, key: OffloadKey) -> None:
+        self._index.pop(key, None)
         if self.t1.pop(key, None) is None:
             self.t2.pop(key, None)
 
@@ -158,6 +163,7 @@ class ARCPolicy(AbstractEvictionPolicy):
 
         t1_keys = {key for key, _ in from_t1}
         for key, _ in victims:
+            del self._index[key]
             if key in t1_keys:
                 del self.t1[key]
                 self.b1[key] = None
@@ -171,6 +177,7 @@ class ARCPolicy(AbstractEvictionPolicy):
 
     @override
     def clear(self) -> None:
+        self._index.clear()
         self.t1.clear()
         self.t2.clear()
         self.b1.clear()

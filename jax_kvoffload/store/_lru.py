@@ -48,6 +48,7 @@ class LRUPolicy(AbstractEvictionPolicy):
     def __init__(self, cache_capacity: int) -> None:
         super().__init__(cache_capacity)
         self._chunks: dict[OffloadKey, ChunkStatus] = {}
+        self.get = self._chunks.get  # type: ignore[method-assign]  # C-level hot path
         self._ranks: dict[OffloadKey, _Rank] = {}
         self._evictable: set[OffloadKey] = set()
         self._heap: list[_Entry] = []
@@ -105,7 +106,7 @@ class LRUPolicy(AbstractEvictionPolicy):
     # --- policy interface ---
 
     @override
-    def get(self, key: OffloadKey) -> ChunkStatus | None:
+    def get(self, key: OffloadKey) -> ChunkStatus | None:  # replaced per instance
         return self._chunks.get(key)
 
     @override
