@@ -77,6 +77,21 @@ def _run_blocks(n, programs, in_flight, start_block, wait_block):
     jax.lax.fori_loop(per - window, per, drain, 0)
 
 
+def _copy_blocks(ids_ref, copies, *, n, programs, in_flight):
+    """Starts every copy of block i (``copies(i, block_id)``), windowed; waits by shape."""
+
+    def start_block(i):
+        for cp in copies(i, ids_ref[i]):
+            cp.start()
+
+    def wait_block(i):
+        # A wait needs only the descriptor's shape and semaphore: block 0 stands in.
+        for cp in copies(i, 0):
+            cp.wait()
+
+    _run_blocks(n, programs, in_flight, start_block, wait_block)
+
+
 def _gather_kernel(ids_ref, *refs, n, num_arrays, outer, programs, in_flight):
     caches, out, sem = refs[:num_arrays], refs[num_arrays], refs[num_arrays + 1]
 
@@ -87,15 +102,7 @@ def _gather_kernel(ids_ref, *refs, n, num_arrays, outer, programs, in_flight):
             for o in range(outer)
         ]
 
-    def start_block(i):
-        for cp in copies(i, ids_ref[i]):
-            cp.start()
-
-    def wait_block(i):
-        for cp in copies(i, 0):
-            cp.wait()
-
-    _run_blocks(n, programs, in_flight, start_block, wait_block)
+    _copy_blocks(ids_ref, copies, n=n, programs=programs, in_flight=in_flight)
 
 
 def _scatter_kernel(ids_ref, staging, *refs, n, num_arrays, outer, programs, in_flight):
@@ -108,15 +115,7 @@ def _scatter_kernel(ids_ref, staging, *refs, n, num_arrays, outer, programs, in_
             for o in range(outer)
         ]
 
-    def start_block(i):
-        for cp in copies(i, ids_ref[i]):
-            cp.start()
-
-    def wait_block(i):
-        for cp in copies(i, 0):
-            cp.wait()
-
-    _run_blocks(n, programs, in_flight, start_block, wait_block)
+    _copy_blocks(ids_ref, copies, n=n, programs=programs, in_flight=in_flight)
 
 
 def _compiler_params(programs: int):
