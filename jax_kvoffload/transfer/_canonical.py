@@ -1,13 +1,13 @@
-"""Canonical relayout of one group's block rows: precomputed byte-unit index arrays.
+"""Canonical relayout of one group's block rows: the host copy, done with strided views.
 
 A rank's staging row for one block is its layers' pages back to back (the gather kernel's
 output; `GroupCaches` order). The canonical block row is the layers' canonical pages back
-to back, in the same layer order. `CanonicalGroupPlan` turns a rank's per-layer
-`CanonicalPageMapping`s into index arrays over "units" (the largest byte size dividing
-every fragment, offset and page), so a store is one numpy put and a load one take per
-batch of blocks, whatever the number of fragments. Writer rotation (spec 4.9): a rank
-stores a layer's bytes of canonical block `b` only when `mapping.is_writer(b)`; loads read
-every block.
+to back, in the same layer order. `CanonicalGroupPlan` folds a rank's per-layer
+`CanonicalPageMapping`s into a few strided families (`_strided.StridedCopy`), so a store
+or a load is one strided numpy assignment per family and run of slots, in place of the
+plain row copy the direct path makes between staging and pool rows. Writer rotation
+(spec 4.9): a rank stores a layer's bytes of canonical block `b` only when
+`mapping.is_writer(b)`; loads read every block.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import numpy as np
 import pallas_kernels as pk
 from jax_kvoffload.config import CanonicalPageMapping, KVTensorView
 from jax_kvoffload.transfer._jobs import TransferError
+from jax_kvoffload.transfer._strided import StridedCopy, copy_rows, merge_copies
 
 
 def layer_view(layout: pk.KVLayout, shape: tuple[int, ...], dtype: np.dtype) -> KVTensorView:
@@ -44,23 +45,21 @@ def layer_view(layout: pk.KVLayout, shape: tuple[int, ...], dtype: np.dtype) -> 
     return KVTensorView.split(nb, heads, bs, e, itemsize, "nhd" if nhd else "hnd")
 
 
-def _unit(values: Sequence[int]) -> int:
-    g = 0
-    for v in values:
-        g = math.gcd(g, v)
-    return max(g, 1)
-
-
 @dataclass(frozen=True)
 class _WriterClass:
     num_writers: int
     writer_index: int
-    local: np.ndarray  # unit indices in the local row
-    canonical: np.ndarray  # matching unit indices in the canonical row
+    copies: tuple[StridedCopy, ...]
+    nbytes: int  # local bytes per block in this class
 
 
 class CanonicalGroupPlan:
     """One rank's relayout of one group: local block rows <-> canonical block rows.
+
+    The layers' runs become a few `StridedCopy` families (uniform layers fold into one), so
+    a batch of blocks is one strided numpy assignment per family and slot segment: the
+    relayout *is* the host copy between staging and pool rows, moving the same bytes as
+    the direct path's plain row copy.
 
     Args:
       layers: per layer, in staging order, `(mapping, local_offset, canonical_offset)`:
@@ -75,37 +74,34 @@ class CanonicalGroupPlan:
         local_block_bytes: int,
         canonical_block_bytes: int,
     ) -> None:
-        sizes = [local_block_bytes, canonical_block_bytes]
-        for m, lo, co in layers:
-            sizes += [lo, co, *(x for f in m.fragments() for x in f)]
-        self.unit = _unit(sizes)
         self.local_block_bytes = local_block_bytes
         self.canonical_block_bytes = canonical_block_bytes
-        u = self.unit
-        classes: dict[tuple[int, int], tuple[list[np.ndarray], list[np.ndarray]]] = {}
-        full = np.full(local_block_bytes // u, -1, dtype=np.int64)
+        classes: dict[tuple[int, int], list[StridedCopy]] = {}
+        covered = np.zeros(local_block_bytes, dtype=np.int32)
         for m, lo, co in layers:
-            loc, can = classes.setdefault((m.num_writers, m.writer_index), ([], []))
-            for lf, cf, n in m.fragments():
-                k = np.arange(n // u, dtype=np.int64)
-                loc.append((lo + lf) // u + k)
-                can.append((co + cf) // u + k)
-                full[(lo + lf) // u + k] = (co + cf) // u + k
-        if (full < 0).any():
+            copies = classes.setdefault((m.num_writers, m.writer_index), [])
+            for r in m.runs:
+                copies.append(StridedCopy.of_run(r, lo, co))
+                for lf, _, n in r.fragments():
+                    covered[lo + lf : lo + lf + n] += 1
+        if (covered != 1).any():
             raise TransferError(
-                f"the layer mappings cover {int((full >= 0).sum()) * u} of the "
-                f"{local_block_bytes} bytes of a block row; every byte must have a place"
+                f"the layer mappings cover {int((covered > 0).sum())} of the "
+                f"{local_block_bytes} bytes of a block row "
+                f"({int((covered > 1).sum())} more than once); every byte needs one place"
             )
-        self._load_index = full
         self._classes = tuple(
-            _WriterClass(nw, wi, np.concatenate(loc), np.concatenate(can))
-            for (nw, wi), (loc, can) in sorted(classes.items())
+            _WriterClass(nw, wi, tuple(merged), sum(c.nbytes for c in merged))
+            for (nw, wi), copies in sorted(classes.items())
+            for merged in [merge_copies(copies)]
         )
-        self._dtype = np.dtype((np.void, u))
+        self._all = tuple(c for k in self._classes for c in k.copies)
         self._identity = (
             local_block_bytes == canonical_block_bytes
-            and bool((full == np.arange(full.size)).all())
-            and all(c.num_writers == 1 for c in self._classes)
+            and len(self._all) == 1
+            and self._all[0].nbytes == local_block_bytes
+            and self._all[0].local == self._all[0].canonical == 0
+            and all(k.num_writers == 1 for k in self._classes)
         )
 
     @property
@@ -113,39 +109,43 @@ class CanonicalGroupPlan:
         """The local row is the canonical row (one rank, no replication): plain copies."""
         return self._identity
 
-    def _units(self, rows: np.ndarray) -> np.ndarray:
-        return np.ascontiguousarray(rows).view(self._dtype)
+    @property
+    def copies(self) -> tuple[StridedCopy, ...]:
+        """The strided families, all writer classes together."""
+        return self._all
 
     def store(self, canonical: np.ndarray, slots: np.ndarray, data: np.ndarray) -> int:
         """Writes this rank's bytes of `data` (`[n, local_block_bytes]` uint8) into rows
         `slots` of `canonical` (`[num_slots, canonical_block_bytes]` uint8, modified in
         place); `slots` are canonical page ids (writer rotation). Returns bytes written."""
+        slots = np.asarray(slots, dtype=np.int64)
         if self._identity:
-            canonical[slots] = data
+            copy_rows(canonical, slots, data, np.arange(slots.size), 1)
             return data.size
-        dst = canonical.view(self._dtype)
-        src = self._units(data)
+        data = np.ascontiguousarray(data)
+        positions = np.arange(slots.size)
         written = 0
-        for c in self._classes:
-            keep, rows = slots, src
-            if c.num_writers > 1:
-                mine = slots % c.num_writers == c.writer_index
-                keep, rows = slots[mine], src[mine]
+        for k in self._classes:
+            keep, pos, step = slots, positions, 1
+            if k.num_writers > 1:
+                mine = slots % k.num_writers == k.writer_index
+                keep, pos, step = slots[mine], positions[mine], k.num_writers
             if keep.size == 0:
                 continue
-            if c.local.size == src.shape[1] and (c.local == np.arange(c.local.size)).all():
-                dst[keep[:, None], c.canonical[None, :]] = rows
-            else:
-                dst[keep[:, None], c.canonical[None, :]] = rows[:, c.local]
-            written += keep.size * c.local.size * self.unit
+            for c in k.copies:
+                copy_rows(c.canonical_view(canonical), keep, c.local_view(data), pos, step)
+            written += keep.size * k.nbytes
         return written
 
     def load(self, canonical: np.ndarray, slots: np.ndarray, out: np.ndarray) -> np.ndarray:
         """Reads rows `slots` of `canonical` into `out` (`[n, local_block_bytes]` uint8)."""
+        slots = np.asarray(slots, dtype=np.int64)
         if self._identity:
-            return np.take(canonical, slots, axis=0, out=out)
-        src = canonical.view(self._dtype)
-        out.view(self._dtype)[...] = src[slots[:, None], self._load_index[None, :]]
+            copy_rows(out, np.arange(slots.size), canonical, slots, 1)
+            return out
+        positions = np.arange(slots.size)
+        for c in self._all:
+            copy_rows(c.local_view(out), positions, c.canonical_view(canonical), slots, 1)
         return out
 
 

@@ -115,10 +115,10 @@ def plans_for_rank(
         mappings = [registration.layers[n].mappings[rank] for n in names]
         plans[g] = plan_for_group(mappings, pages)
         logger.debug(
-            "group %d rank %d: canonical plan, unit %d B, identity %s",
+            "group %d rank %d: canonical plan, %d strided copies, identity %s",
             g,
             rank,
-            plans[g].unit,
+            len(plans[g].copies),
             plans[g].identity,
         )
     return plans

@@ -12,6 +12,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from jax_kvoffload.transfer._strided import copy_rows
+
 
 class HostPoolError(ValueError):
     """A chunk id or row is outside the pool."""
@@ -84,11 +86,15 @@ class HostChunkPool:
         """Writes `data` ([n_blocks, bytes_per_block] uint8) into consecutive block slots,
         starting at slot `first` of chunk `chunk_ids[0]` (a chunk list may start and end
         mid-chunk)."""
-        self._flat(group)[self._slots(group, chunk_ids, first, data.shape[0])] = data
+        slots = self._slots(group, chunk_ids, first, data.shape[0])
+        copy_rows(self._flat(group), slots, data, np.arange(slots.size), 1)
 
     def read_blocks(
         self, group: int, chunk_ids: list[int], first: int, n_blocks: int, out: np.ndarray
     ) -> np.ndarray:
         """Reads `n_blocks` block slots starting at slot `first` into `out` (`[n, bytes]`)."""
+        # Slices per run of consecutive slots: np.take(out=...) would stage through a
+        # temporary (measured 2-3x slower for 64 MiB on the 2-core CI machine).
         slots = self._slots(group, chunk_ids, first, n_blocks)
-        return np.take(self._flat(group), slots, axis=0, out=out)
+        copy_rows(out, np.arange(n_blocks), self._flat(group), slots, 1)
+        return out
