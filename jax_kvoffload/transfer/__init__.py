@@ -10,6 +10,7 @@ from jax_kvoffload.transfer._canonical import canonical_block_bytes as canonical
 from jax_kvoffload.transfer._canonical import group_layer_pages as group_layer_pages
 from jax_kvoffload.transfer._canonical import layer_view as layer_view
 from jax_kvoffload.transfer._canonical import plan_for_group as plan_for_group
+from jax_kvoffload.transfer._canonical import plan_for_padded_page as plan_for_padded_page
 from jax_kvoffload.transfer._canonical_global import check_global_caches as check_global_caches
 from jax_kvoffload.transfer._canonical_pool import CanonicalPoolView as CanonicalPoolView
 from jax_kvoffload.transfer._canonical_pool import plans_for_rank as plans_for_rank
@@ -21,6 +22,8 @@ from jax_kvoffload.transfer._jobs import Direction as Direction
 from jax_kvoffload.transfer._jobs import GroupTransfer as GroupTransfer
 from jax_kvoffload.transfer._jobs import TransferError as TransferError
 from jax_kvoffload.transfer._jobs import TransferResult as TransferResult
+from jax_kvoffload.transfer._shared_region import SharedHostRegion as SharedHostRegion
+from jax_kvoffload.transfer._shared_region import SharedRegionError as SharedRegionError
 
 __all__ = [
     "CanonicalGroupPlan",
@@ -30,6 +33,8 @@ __all__ = [
     "GroupTransfer",
     "HostChunkPool",
     "HostPoolError",
+    "SharedHostRegion",
+    "SharedRegionError",
     "TransferEngine",
     "TransferError",
     "TransferResult",
@@ -39,5 +44,6 @@ __all__ = [
     "group_layer_pages",
     "layer_view",
     "plan_for_group",
+    "plan_for_padded_page",
     "plans_for_rank",
 ]

@@ -66,6 +66,9 @@ class CanonicalGroupPlan:
         this rank's mapping and where the layer's page starts in the local staging row
         and in the canonical block row (bytes).
       local_block_bytes, canonical_block_bytes: row widths per block.
+      padding: trailing bytes of the local row that no mapping covers (a padded page,
+        e.g. vLLM's `page_size_bytes` over the unpadded page): never stored, zeroed by
+        loads.
     """
 
     def __init__(
@@ -73,11 +76,16 @@ class CanonicalGroupPlan:
         layers: Sequence[tuple[CanonicalPageMapping, int, int]],
         local_block_bytes: int,
         canonical_block_bytes: int,
+        *,
+        padding: int = 0,
     ) -> None:
+        if not 0 <= padding <= local_block_bytes:
+            raise TransferError(f"padding {padding} outside a {local_block_bytes}-byte row")
         self.local_block_bytes = local_block_bytes
         self.canonical_block_bytes = canonical_block_bytes
+        self.padding = padding
         classes: dict[tuple[int, int], list[StridedCopy]] = {}
-        covered = np.zeros(local_block_bytes, dtype=np.int32)
+        covered = np.zeros(local_block_bytes - padding, dtype=np.int32)
         for m, lo, co in layers:
             copies = classes.setdefault((m.num_writers, m.writer_index), [])
             for r in m.runs:
@@ -87,7 +95,7 @@ class CanonicalGroupPlan:
         if (covered != 1).any():
             raise TransferError(
                 f"the layer mappings cover {int((covered > 0).sum())} of the "
-                f"{local_block_bytes} bytes of a block row "
+                f"{covered.size} mapped bytes of a block row "
                 f"({int((covered > 1).sum())} more than once); every byte needs one place"
             )
         self._classes = tuple(
@@ -102,6 +110,7 @@ class CanonicalGroupPlan:
             and self._all[0].nbytes == local_block_bytes
             and self._all[0].local == self._all[0].canonical == 0
             and all(k.num_writers == 1 for k in self._classes)
+            and padding == 0
         )
 
     @property
@@ -146,6 +155,8 @@ class CanonicalGroupPlan:
         positions = np.arange(slots.size)
         for c in self._all:
             copy_rows(c.local_view(out), positions, c.canonical_view(canonical), slots, 1)
+        if self.padding:
+            out[:, self.local_block_bytes - self.padding :] = 0
         return out
 
 
@@ -171,6 +182,23 @@ def plan_for_group(
         lo += page
         co += m.canonical_page_size_bytes
     return CanonicalGroupPlan(layers, lo, co)
+
+
+def plan_for_padded_page(
+    mapping: CanonicalPageMapping, page_bytes: int, canonical_bytes: int | None = None
+) -> CanonicalGroupPlan:
+    """The plan for one tensor whose block row is a `page_bytes` page of which the first
+    `mapping.local_page_size_bytes` are mapped (vLLM's refs: padded vs unpadded page);
+    `canonical_bytes` widens the canonical row (default: the mapping's page)."""
+    local = mapping.local_page_size_bytes
+    canonical = mapping.canonical_page_size_bytes if canonical_bytes is None else canonical_bytes
+    if local > page_bytes or mapping.canonical_page_size_bytes > canonical:
+        raise TransferError(
+            f"a mapping of a {local}-byte page into {mapping.canonical_page_size_bytes} "
+            f"canonical bytes does not fit a {page_bytes}-byte row and {canonical}-byte "
+            "canonical row"
+        )
+    return CanonicalGroupPlan([(mapping, 0, 0)], page_bytes, canonical, padding=page_bytes - local)
 
 
 def group_layer_pages(

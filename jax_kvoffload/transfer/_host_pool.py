@@ -22,6 +22,9 @@ class HostPoolError(ValueError):
 class HostChunkPool:
     """`num_chunks` rows per group of raw bytes (numpy uint8, host memory).
 
+    With `buffer` (a 1-D uint8 array of at least `nbytes_for(...)` bytes, e.g. a
+    `SharedHostRegion`) the rows are views of it instead of fresh memory.
+
     Threading: rows are plain memory; the transfer engine guarantees that a row is never
     written by a store while a load reads it (the manager pins loading chunks and never
     hands a pinned or in-flight chunk to a new store).
@@ -34,6 +37,7 @@ class HostChunkPool:
         blocks_per_chunk: int,
         *,
         prefault: bool = False,
+        buffer: np.ndarray | None = None,
     ) -> None:
         if num_chunks < 0:
             raise HostPoolError(f"num_chunks must be >= 0, got {num_chunks}")
@@ -44,13 +48,37 @@ class HostChunkPool:
         self.bytes_per_block = dict(bytes_per_block)
         # np.zeros maps zero pages lazily; prefault touches them now so that the first
         # stores do not pay page faults (worth it for long-running servers).
-        self._rows = {
-            g: np.zeros((num_chunks, blocks_per_chunk * b), dtype=np.uint8)
-            for g, b in self.bytes_per_block.items()
-        }
-        if prefault:
+        if buffer is None:
+            self._rows = {
+                g: np.zeros((num_chunks, blocks_per_chunk * b), dtype=np.uint8)
+                for g, b in self.bytes_per_block.items()
+            }
+        else:
+            self._rows = self._carve(buffer)
+        if prefault and buffer is None:  # never clear memory other processes share
             for rows in self._rows.values():
                 rows.fill(0)
+
+    @staticmethod
+    def nbytes_for(num_chunks: int, bytes_per_block: Mapping[int, int], bpc: int) -> int:
+        """Bytes a pool of this shape needs (the size of a `buffer` to build it over)."""
+        return num_chunks * bpc * sum(bytes_per_block.values())
+
+    def _carve(self, buffer: np.ndarray) -> dict[int, np.ndarray]:
+        # Groups one after another, in the order given: every process that builds the
+        # pool from the same arguments over a shared buffer sees the same rows.
+        need = self.nbytes_for(self.num_chunks, self.bytes_per_block, self.blocks_per_chunk)
+        if buffer.dtype != np.uint8 or buffer.ndim != 1 or buffer.size < need:
+            raise HostPoolError(
+                f"buffer must be 1-D uint8 of at least {need} bytes; got {buffer.dtype} "
+                f"{buffer.shape}"
+            )
+        rows, at = {}, 0
+        for g, b in self.bytes_per_block.items():
+            n = self.num_chunks * self.blocks_per_chunk * b
+            rows[g] = buffer[at : at + n].reshape(self.num_chunks, self.blocks_per_chunk * b)
+            at += n
+        return rows
 
     @property
     def nbytes(self) -> int:

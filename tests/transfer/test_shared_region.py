@@ -1,0 +1,82 @@
+"""`SharedHostRegion`: one host memory for several processes, published atomically,
+unlinked by the last expected attachment, stale names replaced, sizes checked."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+
+import numpy as np
+import pytest
+
+from jax_kvoffload.transfer import SharedHostRegion, SharedRegionError
+
+
+def _child(name, directory, nbytes, value, ready, go):
+    region = SharedHostRegion(name, nbytes, 2, directory=directory)
+    region.array[nbytes // 2 :] = value  # writes the second half
+    ready.set()
+    go.wait(30)
+    region.close()
+
+
+def test_two_processes_share_bytes_and_the_last_attachment_unlinks(tmp_path):
+    name, nbytes = "region-a", 1 << 16
+    region = SharedHostRegion(name, nbytes, 2, directory=tmp_path)
+    assert region.created and (tmp_path / name).exists()
+    region.array[: nbytes // 2] = 3
+    ctx = mp.get_context("spawn")
+    ready, go = ctx.Event(), ctx.Event()
+    p = ctx.Process(target=_child, args=(name, str(tmp_path), nbytes, 5, ready, go))
+    p.start()
+    try:
+        assert ready.wait(60), "the child did not attach"
+        assert not (tmp_path / name).exists()  # both attached: the name is gone
+        assert (region.array[: nbytes // 2] == 3).all()
+        assert (region.array[nbytes // 2 :] == 5).all()  # the child's bytes, here
+    finally:
+        go.set()
+        p.join(60)
+    assert p.exitcode == 0
+    region.close()
+    region.close()  # idempotent
+
+
+def test_a_size_mismatch_is_an_error_naming_both_sizes(tmp_path):
+    with SharedHostRegion("r", 4096, 2, directory=tmp_path):
+        with pytest.raises(SharedRegionError, match="holds 4096 bytes .* asks for 8192"):
+            SharedHostRegion("r", 8192, 2, directory=tmp_path)
+
+
+def test_a_name_left_by_a_dead_creator_is_replaced(tmp_path):
+    region = SharedHostRegion("r", 4096, 3, directory=tmp_path)
+    region.array[:] = 1
+    # Pretend the creator died: rewrite its pid to one that cannot exist.
+    with open(tmp_path / "r", "r+b") as f:
+        f.seek(16)
+        f.write((2**31 - 2).to_bytes(8, "little", signed=True))
+    fresh = SharedHostRegion("r", 4096, 3, directory=tmp_path)
+    assert fresh.created and not fresh.array.any()
+    region.close()  # the old creator leaves the new run's name alone
+    assert (tmp_path / "r").exists()
+    fresh.close()
+    assert not (tmp_path / "r").exists()
+
+
+def test_bad_arguments_and_foreign_files_are_refused(tmp_path):
+    with pytest.raises(SharedRegionError, match="one file name"):
+        SharedHostRegion("a/b", 10, 1, directory=tmp_path)
+    with pytest.raises(SharedRegionError, match="expected_attachments"):
+        SharedHostRegion("x", 10, 0, directory=tmp_path)
+    (tmp_path / "foreign").write_bytes(b"\0" * 8192)
+    with pytest.raises(SharedRegionError, match="not a jax_kvoffload region"):
+        SharedHostRegion("foreign", 10, 1, directory=tmp_path)
+
+
+def test_one_expected_attachment_unlinks_at_once_and_keeps_the_memory(tmp_path):
+    region = SharedHostRegion("solo", 100, 1, directory=tmp_path)
+    assert not (tmp_path / "solo").exists()
+    region.array[:] = np.arange(100, dtype=np.uint8)
+    assert region.array.sum() == sum(range(100))
+    region.close()
+    assert os.listdir(tmp_path) == []

@@ -1,0 +1,168 @@
+"""The strided host copies (`_strided`, `CanonicalGroupPlan`, `HostChunkPool`) against a
+naive fragment-by-fragment reference: exact bytes, writer rotation, padding, and both the
+slice path (runs of slots) and the fancy-index path (scattered slots)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from jax_kvoffload.config import FullAttentionSpec, KVTensorView, RankContext, layer_mapping
+from jax_kvoffload.transfer import (
+    CanonicalGroupPlan,
+    HostChunkPool,
+    HostPoolError,
+    TransferError,
+    plan_for_group,
+    plan_for_padded_page,
+)
+from jax_kvoffload.transfer._strided import StridedCopy, merge_copies, segments
+
+
+def fragments_of(copies):
+    out = set()
+    for c in copies:
+        for i in range(c.layers):
+            for j in range(c.fragments):
+                lo = c.local + i * c.local_steps[0] + j * c.local_steps[1]
+                co = c.canonical + i * c.canonical_steps[0] + j * c.canonical_steps[1]
+                out.add((lo, co, c.size))
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(1, 4), st.integers(1, 4), st.integers(0, 3), st.booleans()),
+        min_size=1,
+        max_size=12,
+    )
+)
+def test_merging_keeps_exactly_the_same_fragments(layers):
+    # Each layer: fragment size, count, a gap, and whether its step breaks the pattern.
+    copies, lo, co = [], 0, 0
+    for size, n, gap, odd in layers:
+        copies.append(StridedCopy(lo, co, size, 1, n, (0, size + gap), (0, 2 * size + gap)))
+        lo += n * (size + gap) + (3 if odd else 0)
+        co += n * (2 * size + gap) + (5 if odd else 0)
+    merged = merge_copies(copies)
+    assert fragments_of(merged) == fragments_of(copies)
+    assert len(merged) <= len(copies)
+
+
+def test_uniform_layers_fold_into_one_copy():
+    copies = [StridedCopy(100 * i, 300 * i, 10, 1, 4, (0, 20), (0, 40)) for i in range(8)]
+    (one,) = merge_copies(copies)
+    assert (one.layers, one.local_steps, one.canonical_steps) == (8, (100, 20), (300, 40))
+
+
+def test_segments_split_where_either_side_jumps():
+    slots = np.array([4, 5, 6, 10, 11, 3])
+    pos = np.array([0, 1, 2, 3, 5, 6])
+    assert segments(slots, pos, 1) == [(4, 0, 3), (10, 3, 1), (11, 5, 1), (3, 6, 1)]
+    assert segments(np.array([], dtype=np.int64), np.array([], dtype=np.int64), 1) == []
+
+
+def naive_store(plan_layers, canonical, slots, data):
+    for k, s in enumerate(slots):
+        for m, lo, co in plan_layers:
+            if not m.is_writer(int(s)):
+                continue
+            for lf, cf, n in m.fragments():
+                canonical[s, co + cf : co + cf + n] = data[k, lo + lf : lo + lf + n]
+
+
+def naive_load(plan_layers, canonical, slots, out):
+    for k, s in enumerate(slots):
+        for m, lo, co in plan_layers:
+            for lf, cf, n in m.fragments():
+                out[k, lo + lf : lo + lf + n] = canonical[s, co + cf : co + cf + n]
+
+
+def rank_layers(form, tp, total, rank, num_layers):
+    spec = FullAttentionSpec(
+        block_size=4, num_kv_heads=max(1, total // tp), head_size=2, dtype="bfloat16"
+    )
+    kind, order = form.split("-")
+    make = KVTensorView.split if kind == "split" else KVTensorView.packed
+    view = make(8, max(1, total // tp), 4, 2, 2, order)
+    m = layer_mapping(spec, view, 8, RankContext(tp, 1, 1, 1, total, rank))
+    page, cpage = m.local_page_size_bytes, m.canonical_page_size_bytes
+    return [(m, i * page, i * cpage) for i in range(num_layers)], page, cpage
+
+
+@pytest.mark.parametrize("form", ["split-nhd", "packed-nhd", "split-hnd"])
+@pytest.mark.parametrize(("tp", "total", "rank"), [(2, 4, 1), (4, 2, 3), (4, 4, 0)])
+@pytest.mark.parametrize("slots_kind", ["runs", "scattered"])
+def test_plan_matches_the_naive_relayout(form, tp, total, rank, slots_kind):
+    layers, page, cpage = rank_layers(form, tp, total, rank, num_layers=3)
+    plan = CanonicalGroupPlan(layers, 3 * page, 3 * cpage)
+    rng = np.random.default_rng(tp * 10 + rank)
+    if slots_kind == "runs":
+        slots = np.concatenate([np.arange(8, 20), np.arange(40, 45), np.arange(2, 4)])
+    else:  # more than 32 runs: the fancy-index path
+        slots = rng.permutation(64)[:50]
+    data = rng.integers(0, 256, (slots.size, 3 * page), dtype=np.uint8)
+    ours = rng.integers(0, 256, (64, 3 * cpage), dtype=np.uint8)
+    ref = ours.copy()
+    written = plan.store(ours, slots, data)
+    naive_store(layers, ref, slots, data)
+    np.testing.assert_array_equal(ours, ref)
+    writer = layers[0][0].is_writer
+    assert written == sum(writer(int(s)) for s in slots) * 3 * page
+    out, out_ref = np.empty_like(data), np.zeros_like(data)
+    plan.load(ours, slots, out)
+    naive_load(layers, ours, slots, out_ref)
+    np.testing.assert_array_equal(out, out_ref)
+
+
+def test_a_padded_page_stores_the_mapped_bytes_and_loads_zero_padding():
+    ((m, _, _),), _, _ = rank_layers("split-nhd", 2, 4, 1, num_layers=1)
+    plan = plan_for_padded_page(m, m.local_page_size_bytes + 24)
+    data = np.full((3, m.local_page_size_bytes + 24), 7, dtype=np.uint8)
+    canonical = np.zeros((4, m.canonical_page_size_bytes), dtype=np.uint8)
+    assert plan.store(canonical, np.array([0, 1, 2]), data) == 3 * m.local_page_size_bytes
+    assert (canonical[:3] == 7).sum() == 3 * m.local_page_size_bytes
+    out = np.full_like(data, 9)
+    plan.load(canonical, np.array([0, 1, 2]), out)
+    assert (out[:, : m.local_page_size_bytes] == 7).all()
+    assert (out[:, m.local_page_size_bytes :] == 0).all()
+    with pytest.raises(TransferError, match="does not fit"):
+        plan_for_padded_page(m, m.local_page_size_bytes - 1)
+
+
+def test_a_row_the_mappings_do_not_cover_is_refused():
+    layers, page, cpage = rank_layers("split-nhd", 2, 4, 0, num_layers=2)
+    with pytest.raises(TransferError, match="mapped bytes"):
+        CanonicalGroupPlan(layers, 2 * page + 8, 2 * cpage)
+    with pytest.raises(TransferError, match="more than once"):
+        CanonicalGroupPlan([layers[0], layers[0]], page, cpage)
+
+
+@pytest.mark.parametrize("chunk_ids", [[5, 6, 7, 8], [9, 2, 30, 4]])
+def test_pool_reads_and_writes_slot_runs_like_fancy_indexing(chunk_ids):
+    pool = HostChunkPool(32, {0: 24, 1: 8}, 4)
+    rng = np.random.default_rng(0)
+    data = rng.integers(0, 256, (13, 24), dtype=np.uint8)
+    pool.write_blocks(0, chunk_ids, 1, data)  # slots 1..13 across four chunks
+    flat = pool.rows(0).reshape(-1, 24)
+    k = np.arange(1, 14)
+    expected_slots = np.asarray(chunk_ids)[k // 4] * 4 + k % 4
+    np.testing.assert_array_equal(flat[expected_slots], data)
+    out = np.empty_like(data)
+    assert pool.read_blocks(0, chunk_ids, 1, 13, out) is out
+    np.testing.assert_array_equal(out, data)
+    assert not pool.rows(1).any()
+
+
+def test_a_pool_over_a_buffer_carves_groups_in_order_and_checks_the_size():
+    need = HostChunkPool.nbytes_for(3, {0: 8, 1: 4}, 2)
+    buf = np.zeros(need, dtype=np.uint8)
+    pool = HostChunkPool(3, {0: 8, 1: 4}, 2, buffer=buf)
+    pool.rows(1)[...] = 1
+    assert buf[: 3 * 2 * 8].sum() == 0 and (buf[3 * 2 * 8 :] == 1).all()
+    with pytest.raises(HostPoolError, match="at least"):
+        HostChunkPool(3, {0: 8, 1: 4}, 2, buffer=buf[:-1])
+    assert plan_for_group  # exported alongside
