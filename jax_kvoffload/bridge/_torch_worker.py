@@ -76,6 +76,10 @@ class TorchKVWorker:
       num_chunks: host chunks (the manager's `num_chunks`).
       result_type: builds a result from `Finished`'s fields (vLLM's `TransferResult`).
       backend, max_bucket: passed to the transfer engine / kernels.
+      pool: host pool to use instead of a private `HostChunkPool` (e.g. a
+        `CanonicalPoolView`); its `bytes_per_block[t]` must be tensor t's page bytes.
+      on_shutdown: called once after `shutdown` has drained every job (e.g. to unmap a
+        shared host region).
     """
 
     def __init__(
@@ -88,6 +92,8 @@ class TorchKVWorker:
         result_type: Any = Finished,
         backend: str = "auto",
         max_bucket: int = 256,
+        pool: Any = None,
+        on_shutdown: Any = None,
     ) -> None:
         self._pages = [raw_pages(t) for t, _ in tensors]
         for i, ((t, page), rp) in enumerate(zip(tensors, self._pages, strict=True)):
@@ -104,9 +110,17 @@ class TorchKVWorker:
                     raise JobSpecError(f"group {g}: bad ref (tensor {idx}, page {unpadded})")
         self._bpc = blocks_per_chunk
         self._result_type = result_type
-        self.pool = HostChunkPool(
-            num_chunks, {i: rp.page_bytes for i, rp in enumerate(self._pages)}, blocks_per_chunk
-        )
+        widths = {i: rp.page_bytes for i, rp in enumerate(self._pages)}
+        if pool is None:
+            pool = HostChunkPool(num_chunks, widths, blocks_per_chunk)
+        elif dict(pool.bytes_per_block) != widths or pool.blocks_per_chunk != blocks_per_chunk:
+            raise JobSpecError(
+                f"the pool holds {dict(pool.bytes_per_block)} bytes per block in chunks of "
+                f"{pool.blocks_per_chunk}; the tensors need {widths} in chunks of "
+                f"{blocks_per_chunk}"
+            )
+        self.pool = pool
+        self._on_shutdown = on_shutdown
         caches = {
             i: GroupCaches([to_jax(rp.rows)], pk.KVLayout.raw()) for i, rp in enumerate(self._pages)
         }
@@ -172,6 +186,8 @@ class TorchKVWorker:
         self._engine.close()
         for pool in self._threads.values():
             pool.shutdown(wait=True)
+        if self._on_shutdown is not None:
+            self._on_shutdown()
 
     # -- internals ------------------------------------------------------------------
 

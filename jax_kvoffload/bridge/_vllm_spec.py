@@ -13,16 +13,13 @@ import functools
 import logging
 from typing import Any
 
+from jax_kvoffload.bridge._vllm_canonical import canonical_worker_pool
 from jax_kvoffload.config import OffloadingConfig
 from jax_kvoffload.store import HostStore, cpu_tier_capacity
 
-__all__ = ["UnsupportedLayoutError", "build_spec_classes", "our_offloading_config"]
+__all__ = ["build_spec_classes", "our_offloading_config"]
 
 logger = logging.getLogger(__name__)
-
-
-class UnsupportedLayoutError(ValueError):
-    """The configuration asks for a host layout this spec does not implement yet."""
 
 
 def our_offloading_config(vllm_config: Any) -> OffloadingConfig:
@@ -51,14 +48,25 @@ def build_spec_classes() -> dict[str, type]:
         """vLLM's `OffloadingWorker` over DLPack views of vLLM's KV tensors."""
 
         @classmethod
-        def from_canonical(cls, kv_caches: Any, *, blocks_per_chunk: int, num_chunks: int):
-            for g, refs in enumerate(kv_caches.group_data_refs):
-                if any(r.mapping is not None for r in refs):
-                    logger.info(
-                        "group %d carries canonical mappings; JaxOffloadingSpec uses the "
-                        "direct layout (canonical_layout is not implemented)",
-                        g,
-                    )
+        def from_canonical(
+            cls,
+            kv_caches: Any,
+            *,
+            blocks_per_chunk: int,
+            num_chunks: int,
+            canonical_config: OffloadingConfig | None = None,
+        ):
+            """A worker over vLLM's `CanonicalKVCaches`; with `canonical_config` (its
+            `canonical_layout` set) host pages are canonical (fails closed)."""
+            pool = region = None
+            if canonical_config is not None:
+                pool, region = canonical_worker_pool(
+                    kv_caches,
+                    canonical_config,
+                    num_chunks=num_chunks,
+                    blocks_per_chunk=blocks_per_chunk,
+                    page_bytes=[t.page_size_bytes for t in kv_caches.tensors],
+                )
             return cls(
                 [(t.tensor, t.page_size_bytes) for t in kv_caches.tensors],
                 [
@@ -68,6 +76,8 @@ def build_spec_classes() -> dict[str, type]:
                 blocks_per_chunk=blocks_per_chunk,
                 num_chunks=num_chunks,
                 result_type=base.TransferResult,
+                pool=pool,
+                on_shutdown=None if region is None else region.close,
             )
 
     class JaxOffloadingSpec(base.OffloadingSpec):
@@ -89,13 +99,18 @@ def build_spec_classes() -> dict[str, type]:
         def __init__(self, config: Any) -> None:
             super().__init__(config)
             self.offloading_config = our_offloading_config(config)
-            if self.offloading_config.canonical_layout:
-                raise UnsupportedLayoutError(
-                    "canonical_layout=True is not implemented by JaxOffloadingSpec yet; "
-                    "remove 'canonical_layout' from kv_connector_extra_config"
-                )
+            self.canonical_layout = self.offloading_config.canonical_layout
             parallel = self.offloading_config.parallel
-            if self.offloading_config.replicated_layout and parallel.world_size > 1:
+            # Canonical pages live in one host region shared by the workers, where
+            # replicated (MLA) bytes are written once: vLLM's sizing with one copy.
+            self.replicated_layout = (
+                self.canonical_layout and self.offloading_config.replicated_layout
+            )
+            if (
+                self.offloading_config.replicated_layout
+                and parallel.world_size > 1
+                and not self.canonical_layout
+            ):
                 # One host copy needs a host region shared by every worker process,
                 # which this spec does not have yet: like vLLM's CPU spec on platforms
                 # without its shared region, each worker keeps (and is sized for) its own.
@@ -104,7 +119,6 @@ def build_spec_classes() -> dict[str, type]:
                     "per worker (world_size=%d)",
                     parallel.world_size,
                 )
-            self.replicated_layout = False
             capacity = cpu_tier_capacity(
                 self.extra_config.get("cpu_bytes_to_use"),
                 # vLLM sizes nothing without workers (world_size 0): no KV bytes then.
@@ -115,7 +129,7 @@ def build_spec_classes() -> dict[str, type]:
                 ),
                 blocks_per_chunk=self.blocks_per_chunk,
                 world_size=max(parallel.world_size, 1),
-                replicated_layout=False,
+                replicated_layout=self.replicated_layout,
             )
             self.num_chunks = capacity.num_chunks
             self.kv_bytes_per_chunk = capacity.kv_bytes_per_chunk
@@ -143,7 +157,10 @@ def build_spec_classes() -> dict[str, type]:
         def get_worker(self, kv_caches: Any) -> Any:
             if self._worker is None:
                 self._worker = JaxOffloadingWorker.from_canonical(
-                    kv_caches, blocks_per_chunk=self.blocks_per_chunk, num_chunks=self.num_chunks
+                    kv_caches,
+                    blocks_per_chunk=self.blocks_per_chunk,
+                    num_chunks=self.num_chunks,
+                    canonical_config=self.offloading_config if self.canonical_layout else None,
                 )
             return self._worker
 

@@ -6,12 +6,15 @@
   by vLLM with `spec_name="JaxOffloadingSpec"` and
   `spec_module_path="jax_kvoffload.bridge.vllm"`. It, `JaxOffloadingManager` and
   `JaxOffloadingWorker` subclass vLLM's abstract classes, so they are built (and vLLM
-  imported) on first attribute access.
+  imported) on first attribute access. With `canonical_layout` in the extra config its
+  workers store canonical host pages (docs/vllm.md, "Canonical pages"), or refuse with
+  `CanonicalWorkerError`.
 """
 
 from typing import TYPE_CHECKING, Any
 
 from jax_kvoffload.bridge._job_plan import JobSpecError as JobSpecError
+from jax_kvoffload.bridge._vllm_canonical import CanonicalWorkerError as CanonicalWorkerError
 from jax_kvoffload.bridge._vllm_config import convert_engine_config as convert_engine_config
 from jax_kvoffload.bridge._vllm_config import (
     convert_kv_cache_config as convert_kv_cache_config,
@@ -20,7 +23,6 @@ from jax_kvoffload.bridge._vllm_config import convert_spec as convert_spec
 from jax_kvoffload.bridge._vllm_config import (
     offloading_config_from_vllm as offloading_config_from_vllm,
 )
-from jax_kvoffload.bridge._vllm_spec import UnsupportedLayoutError as UnsupportedLayoutError
 from jax_kvoffload.bridge._vllm_spec import our_offloading_config as our_offloading_config
 
 if TYPE_CHECKING:  # built on first access by __getattr__ (they import vLLM)
@@ -31,11 +33,11 @@ if TYPE_CHECKING:  # built on first access by __getattr__ (they import vLLM)
 _LAZY = ("JaxOffloadingManager", "JaxOffloadingSpec", "JaxOffloadingWorker")
 
 __all__ = [
+    "CanonicalWorkerError",
     "JaxOffloadingManager",
     "JaxOffloadingSpec",
     "JaxOffloadingWorker",
     "JobSpecError",
-    "UnsupportedLayoutError",
     "convert_engine_config",
     "convert_kv_cache_config",
     "convert_spec",

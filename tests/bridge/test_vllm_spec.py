@@ -91,11 +91,6 @@ def test_a_missing_budget_is_a_typed_error_naming_the_key(budget):
         bridge.JaxOffloadingSpec(offloading_config(extra))
 
 
-def test_the_canonical_layout_is_refused_until_implemented():
-    with pytest.raises(bridge.UnsupportedLayoutError, match="canonical_layout"):
-        bridge.JaxOffloadingSpec(offloading_config(canonical_layout=True))
-
-
 def key(i: int, group: int = 0):
     return base.make_offload_key(i.to_bytes(8, "big"), group)
 

@@ -43,9 +43,11 @@ def test_two_processes_share_bytes_and_the_last_attachment_unlinks(tmp_path):
 
 
 def test_a_size_mismatch_is_an_error_naming_both_sizes(tmp_path):
-    with SharedHostRegion("r", 4096, 2, directory=tmp_path):
-        with pytest.raises(SharedRegionError, match="holds 4096 bytes .* asks for 8192"):
-            SharedHostRegion("r", 8192, 2, directory=tmp_path)
+    with (
+        SharedHostRegion("r", 4096, 2, directory=tmp_path),
+        pytest.raises(SharedRegionError, match=r"holds 4096 bytes .* asks for 8192"),
+    ):
+        SharedHostRegion("r", 8192, 2, directory=tmp_path)
 
 
 def test_a_name_left_by_a_dead_creator_is_replaced(tmp_path):

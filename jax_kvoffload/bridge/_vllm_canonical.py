@@ -1,0 +1,160 @@
+"""Canonical host pages for vLLM workers: certify at registration, share one host pool.
+
+vLLM's connector worker attaches a `CanonicalPageMapping` (or None) to every layer ref of
+the `CanonicalKVCaches` it hands to `get_worker`. With `canonical_layout` requested,
+`canonical_worker_pool` checks them as vLLM's tiering `create_worker` does (spec 4.9) and
+fails closed; then builds this rank's relayout plans and the host pool that all ranks of
+the TP x PCP group share (a `SharedHostRegion` when there are several worker processes),
+seen through a `CanonicalPoolView` with this rank's page widths.
+
+Uses vLLM's objects by attribute only; imports neither vLLM nor torch (nor JAX until a
+worker pool is built).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from jax_kvoffload.config import (
+    CanonicalLayoutError,
+    CanonicalPageMapping,
+    CopyRun,
+    OffloadingConfig,
+)
+
+if TYPE_CHECKING:
+    from jax_kvoffload.transfer import CanonicalPoolView, SharedHostRegion
+
+__all__ = ["CanonicalWorkerError", "canonical_worker_pool", "our_mapping"]
+
+logger = logging.getLogger(__name__)
+
+_ADVICE = "Remove 'canonical_layout' from kv_connector_extra_config to store direct pages."
+
+
+class CanonicalWorkerError(CanonicalLayoutError, RuntimeError):
+    """`canonical_layout` was requested but the worker's KV caches cannot be stored as
+    canonical pages. A `ValueError` like every config error of this library, and a
+    `RuntimeError` like the error vLLM's tiering spec raises in the same place."""
+
+
+def our_mapping(mapping: Any) -> CanonicalPageMapping:
+    """vLLM's `CanonicalPageMapping` as ours (same fields, validated)."""
+    return CanonicalPageMapping(
+        canonical_page_size_bytes=int(mapping.canonical_page_size_bytes),
+        local_page_size_bytes=int(mapping.local_page_size_bytes),
+        runs=tuple(
+            CopyRun(
+                int(r.local_offset),
+                int(r.canonical_offset),
+                int(r.fragment_size),
+                int(r.num_fragments),
+                int(r.local_stride),
+                int(r.canonical_stride),
+            )
+            for r in mapping.runs
+        ),
+        num_writers=int(mapping.num_writers),
+        writer_index=int(mapping.writer_index),
+        parallelism_agnostic=bool(mapping.parallelism_agnostic),
+    )
+
+
+def tensor_mappings(
+    kv_caches: Any, config: OffloadingConfig
+) -> tuple[dict[int, CanonicalPageMapping], bool]:
+    """One mapping per registered tensor, and whether every layer is portable.
+
+    Raises `CanonicalWorkerError` (fail closed) for a layer without a mapping, for a
+    config that claimed parallelism agnosticism its layers do not have, and for a tensor
+    whose refs carry different mappings."""
+    per_tensor: dict[int, CanonicalPageMapping] = {}
+    for g, refs in enumerate(kv_caches.group_data_refs):
+        for i, ref in enumerate(refs):
+            where = f"group {g} layer {i} (tensor {ref.tensor_idx})"
+            if ref.mapping is None:
+                raise CanonicalWorkerError(
+                    f"canonical_layout was requested but {where} could not be certified "
+                    "for canonical pages (workers must be exactly the TP x PCP group; "
+                    "packed cross-layer layouts, per-token-head quantisation and "
+                    f"unrecognised page layouts are refused). {_ADVICE}",
+                    layer=where,
+                    reason="uncertified",
+                )
+            m = our_mapping(ref.mapping)
+            seen = per_tensor.setdefault(ref.tensor_idx, m)
+            if seen != m:
+                raise CanonicalWorkerError(
+                    f"{where} maps its pages differently from another layer on the same "
+                    "tensor (hybrid groups sharing a tensor); canonical pages need one "
+                    f"mapping per tensor. {_ADVICE}",
+                    layer=where,
+                    reason="several mappings for one tensor",
+                )
+    portable = all(m.parallelism_agnostic for m in per_tensor.values())
+    if config.parallel.is_parallelism_agnostic and not portable:
+        raise CanonicalWorkerError(
+            "canonical_layout could not certify every layer as parallelism-agnostic, but "
+            "the config declared the storage portable across topologies "
+            f"(is_parallelism_agnostic). {_ADVICE}",
+            layer=None,
+            reason="not parallelism-agnostic",
+        )
+    return per_tensor, portable
+
+
+def region_name(engine_id: str) -> str:
+    return "jax_kvoffload_" + re.sub(r"[^A-Za-z0-9_.-]", "_", engine_id or "engine")
+
+
+def canonical_worker_pool(
+    kv_caches: Any,
+    config: OffloadingConfig,
+    *,
+    num_chunks: int,
+    blocks_per_chunk: int,
+    page_bytes: Sequence[int],
+) -> tuple[CanonicalPoolView, SharedHostRegion | None]:
+    """This rank's `CanonicalPoolView` and the shared region behind it (None with one
+    worker process). `page_bytes[t]` is tensor t's padded page (its host row per block)."""
+    # Imported here: `jax_kvoffload.bridge.vllm` (loaded by vLLM's scheduler too) stays
+    # free of JAX until a worker is built.
+    from jax_kvoffload.transfer import (
+        CanonicalPoolView,
+        HostChunkPool,
+        SharedHostRegion,
+        plan_for_padded_page,
+    )
+
+    mappings, portable = tensor_mappings(kv_caches, config)
+    missing = sorted(set(range(len(page_bytes))) - set(mappings))
+    if missing:
+        raise CanonicalWorkerError(
+            f"tensors {missing} are referenced by no layer; canonical pages need a mapping "
+            f"for every registered tensor. {_ADVICE}",
+            layer=None,
+            reason="unreferenced tensor",
+        )
+    plans = {t: plan_for_padded_page(mappings[t], page_bytes[t]) for t in sorted(mappings)}
+    widths = {t: p.canonical_block_bytes for t, p in plans.items()}
+    world = max(config.parallel.world_size, 1)
+    region = None
+    if world > 1:
+        nbytes = HostChunkPool.nbytes_for(num_chunks, widths, blocks_per_chunk)
+        region = SharedHostRegion(region_name(config.engine_id), nbytes, world)
+        pool = HostChunkPool(num_chunks, widths, blocks_per_chunk, buffer=region.array)
+    else:
+        pool = HostChunkPool(num_chunks, widths, blocks_per_chunk)
+    logger.info(
+        "canonical host pages: rank %d of %d, %d tensors, %d canonical bytes per block, "
+        "all layers portable: %s",
+        config.parallel.rank,
+        world,
+        len(plans),
+        sum(widths.values()),
+        portable,
+    )
+    return CanonicalPoolView(pool, plans), region

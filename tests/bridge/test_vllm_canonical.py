@@ -1,0 +1,280 @@
+"""`JaxOffloadingSpec` with `canonical_layout` inside real vLLM 0.33.0.
+
+vLLM's own `_layer_mapping` certifies each rank's layers; the ranks' workers (several in
+this process, sharing one `SharedHostRegion` as vLLM's worker processes would) store their
+shards of a reference cache, and the host rows must equal the pages a single device (TP=1)
+stores; then each rank loads its shard back, and a TP=4 group loads what TP=2 stored.
+Fail-closed refusals are checked on stand-ins (no vLLM needed).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from jax_kvoffload.bridge._vllm_canonical import CanonicalWorkerError, tensor_mappings
+from jax_kvoffload.config import (
+    CanonicalLayoutError,
+    FullAttentionSpec,
+    KVTensorView,
+    OffloadingConfig,
+    RankContext,
+    layer_mapping,
+)
+
+_ids = itertools.count()
+
+
+def our_config(world=2, agnostic=False):
+    return OffloadingConfig.from_dict(
+        {
+            "groups": [{"tokens_per_block": 4, "layer_names": ["l0"], "group_id": 0}],
+            "worker_kv_bytes_per_block": 64,
+            "enable_kv_cache_events": False,
+            "extra_config": {"canonical_layout": True},
+            "engine_id": "e",
+            "model": {"name": "m", "dtype": "bfloat16"},
+            "cache": {"tokens_per_hash": 4, "blocks_per_chunk": 1},
+            "parallel": {
+                "rank": 0,
+                "world_size": world,
+                "tp_size": world,
+                "pp_size": 1,
+                "pcp_size": 1,
+                "dcp_size": 1,
+                "data_parallel_index": 0,
+                "data_parallel_size": 1,
+                "data_parallel_rank_local": None,
+                "is_parallelism_agnostic": agnostic,
+            },
+            "canonical_layout": True,
+        }
+    )
+
+
+def stand_in_caches(mappings_per_ref):
+    refs = [
+        SimpleNamespace(tensor_idx=t, page_size_bytes=64, mapping=m) for t, m in mappings_per_ref
+    ]
+    return SimpleNamespace(tensors=[], group_data_refs=[refs])
+
+
+def a_mapping(tp=2, rank=0, heads=2):
+    spec = FullAttentionSpec(block_size=4, num_kv_heads=heads // tp, head_size=4, dtype="bfloat16")
+    view = KVTensorView.split(3, heads // tp, 4, 4, 2, "nhd")
+    return layer_mapping(spec, view, 3, RankContext(tp, 1, 1, 1, heads, rank))
+
+
+def test_an_uncertified_layer_fails_closed_naming_it_and_the_way_out():
+    caches = stand_in_caches([(0, a_mapping()), (1, None)])
+    with pytest.raises(
+        CanonicalWorkerError, match=r"group 0 layer 1 .*Remove 'canonical_layout'"
+    ) as e:
+        tensor_mappings(caches, our_config())
+    assert isinstance(e.value, RuntimeError) and isinstance(e.value, CanonicalLayoutError)
+    assert isinstance(e.value, ValueError) and e.value.reason == "uncertified"
+
+
+def test_a_portability_claim_the_layers_do_not_keep_is_refused():
+    import dataclasses
+
+    m = dataclasses.replace(a_mapping(), parallelism_agnostic=False)
+    with pytest.raises(CanonicalWorkerError, match="is_parallelism_agnostic"):
+        tensor_mappings(stand_in_caches([(0, m)]), our_config(agnostic=True))
+    assert tensor_mappings(stand_in_caches([(0, m)]), our_config())[1] is False
+
+
+def test_two_mappings_on_one_tensor_are_refused():
+    caches = stand_in_caches([(0, a_mapping(rank=0)), (0, a_mapping(tp=1, heads=1))])
+    with pytest.raises(CanonicalWorkerError, match="one mapping per tensor"):
+        tensor_mappings(caches, our_config())
+
+
+# -- real vLLM ---------------------------------------------------------------------------
+
+vllm_only = pytest.mark.vllm
+
+
+def _vllm():
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    pytest.importorskip("vllm", reason="vLLM 0.33.0 is not installed")
+    import torch
+    from vllm.distributed.kv_transfer.kv_connector.v1.offloading import canonical_mapping as cm
+    from vllm.v1 import kv_cache_interface as kvi
+    from vllm.v1.kv_offload import base
+    from vllm.v1.kv_offload import config as vc
+    from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec
+
+    from jax_kvoffload.bridge import vllm as bridge
+
+    return SimpleNamespace(
+        torch=torch, cm=cm, kvi=kvi, base=base, vc=vc, CPU=CPULoadStoreSpec, bridge=bridge
+    )
+
+
+NB, BS, HS, LAYERS = 10, 4, 8, 2
+
+
+def full_caches(v, form, heads, seed=0):
+    """One TP=1 cache per layer in vLLM's physical layout (block dim first), bf16 bits."""
+    gen = v.torch.Generator().manual_seed(seed)
+    shape = {
+        "split-nhd": (NB, 2, BS, heads, HS),
+        "split-hnd": (NB, 2, heads, BS, HS),
+        "mla": (NB, BS, HS),
+    }[form]
+    return [
+        v.torch.randint(-(2**15), 2**15, shape, dtype=v.torch.int16, generator=gen).view(
+            v.torch.bfloat16
+        )
+        for _ in range(LAYERS)
+    ]
+
+
+def shard(form, full, tp, rank, heads):
+    if form == "mla":
+        return full.clone()
+    h = max(1, heads // tp)
+    first = rank * heads // tp  # GQA (heads < tp): neighbouring ranks share a head
+    axis = 3 if form == "split-nhd" else 2
+    return full.narrow(axis, first, h).contiguous()
+
+
+def rank_worker(v, form, tp, rank, heads, caches, engine_id):
+    if form == "mla":
+        spec = v.kvi.MLAAttentionSpec(
+            block_size=BS, num_kv_heads=1, head_size=HS, dtype=v.torch.bfloat16
+        )
+    else:
+        spec = v.kvi.FullAttentionSpec(
+            block_size=BS, num_kv_heads=max(1, heads // tp), head_size=HS, dtype=v.torch.bfloat16
+        )
+    ctx = v.cm._RankContext(tp, 1, 1, 1, heads, rank)
+    tensors, refs = [], []
+    for i, c in enumerate(caches):
+        # vLLM reads the layout from a logical NHD view's strides (HND: permuted).
+        logical = c.permute(0, 1, 3, 2, 4) if form == "split-hnd" else c
+        mapping = v.cm._layer_mapping(spec, logical, NB, ctx)
+        assert mapping is not None
+        flat = c.view(v.torch.int8).view(NB, -1)
+        tensors.append(v.base.CanonicalKVCacheTensor(flat, flat.shape[1]))
+        refs.append(v.base.CanonicalKVCacheRef(i, flat.shape[1], mapping))
+    agnostic = form != "mla"
+    cfg = v.vc.OffloadingConfig(
+        groups=(v.vc.OffloadingGroupConfig(BS, tuple(f"l{i}" for i in range(LAYERS)), 0),),
+        worker_kv_bytes_per_block=sum(t.page_size_bytes for t in tensors),
+        enable_kv_cache_events=False,
+        extra_config={
+            "spec_name": "JaxOffloadingSpec",
+            "spec_module_path": "jax_kvoffload.bridge.vllm",
+            "cpu_bytes_to_use": 1 << 20,
+            "canonical_layout": True,
+        },
+        engine_id=engine_id,
+        model=v.vc.OffloadingModelConfig("m", "bfloat16", 100),
+        cache=v.vc.OffloadingCacheConfig(BS, 2),
+        parallel=v.vc.OffloadingParallelConfig(rank, tp, tp, 1, 1, 1, 0, 1, None, agnostic),
+        canonical_layout=True,
+        replicated_layout=form == "mla",
+    )
+    spec_obj = v.bridge.JaxOffloadingSpec(cfg)
+    kv = v.base.CanonicalKVCaches(tensors, [refs])
+    return spec_obj, spec_obj.get_worker(kv)
+
+
+def run(worker, job, direction, blocks, chunks, v):
+    gpu = v.base.GPULoadStoreSpec(blocks, [len(blocks)], [0])
+    cpu = v.CPU(np.asarray(chunks, dtype=np.int64))
+    if direction == "store":
+        assert worker.submit_store(job, gpu, cpu)
+    else:
+        assert worker.submit_load(job, cpu, gpu)
+    worker.wait({job})
+    (r,) = worker.get_finished()
+    assert r.success, r
+    return r
+
+
+def group(v, form, tp, heads, full, engine_id):
+    out = []
+    for r in range(tp):
+        caches = [shard(form, f, tp, r, heads) for f in full]
+        spec, worker = rank_worker(v, form, tp, r, heads, caches, engine_id)
+        out.append((caches, spec, worker))
+    return out
+
+
+def host_rows(worker):
+    pool = worker.pool.pool
+    return [pool.rows(t).copy() for t in sorted(pool.bytes_per_block)]
+
+
+BLOCKS, CHUNKS = [7, 2, 5, 0], [3, 1]  # 2 blocks per chunk
+
+
+@vllm_only
+@pytest.mark.parametrize(
+    ("form", "heads", "tp", "tp_load"),
+    [
+        ("split-nhd", 4, 2, 4),
+        ("split-hnd", 4, 2, 1),
+        ("split-nhd", 2, 4, 2),  # GQA: 2 KV heads over 4 ranks, writers rotate
+        ("mla", 1, 2, 4),  # replicated latent: one host copy
+    ],
+)
+def test_ranks_store_tp1_pages_and_another_tp_loads_them(form, heads, tp, tp_load):
+    v = _vllm()
+    full = full_caches(v, form, heads)
+    # TP=1 reference: the canonical pages are the single device's pages.
+    ((_, _, ref_worker),) = group(v, form, 1, heads, full, f"ref{next(_ids)}")
+    run(ref_worker, 1, "store", BLOCKS, CHUNKS, v)
+    reference = host_rows(ref_worker)
+    # TP=tp group: every rank stores its shard into the shared rows.
+    ranks = group(v, form, tp, heads, full, f"tp{next(_ids)}")
+    for _, spec, worker in ranks:
+        # MLA's replicated latent is one host copy: sized like vLLM's shared region.
+        assert spec.replicated_layout == (form == "mla")
+        run(worker, 2, "store", BLOCKS, CHUNKS, v)
+    for got, want in zip(host_rows(ranks[0][2]), reference, strict=True):
+        np.testing.assert_array_equal(got, want)
+    # Each rank loads its shard back into zeroed caches.
+    for caches, _, worker in ranks:
+        before = [c.clone() for c in caches]
+        for c in caches:
+            c.view(v.torch.int16).zero_()
+        run(worker, 3, "load", BLOCKS, CHUNKS, v)
+        for c, b in zip(caches, before, strict=True):
+            assert v.torch.equal(c[BLOCKS].view(v.torch.int16), b[BLOCKS].view(v.torch.int16))
+    # A TP=tp_load group loads the same host bytes (as a secondary tier would hand them).
+    others = group(v, form, tp_load, heads, [f.clone().zero_() for f in full], f"x{next(_ids)}")
+    pool = others[0][2].pool.pool
+    for t, rows in enumerate(reference):
+        pool.rows(t)[...] = rows
+    for r, (caches, _, worker) in enumerate(others):
+        run(worker, 4, "load", BLOCKS, CHUNKS, v)
+        for c, f in zip(caches, full, strict=True):
+            want = shard(form, f, tp_load, r, heads)[BLOCKS]
+            assert v.torch.equal(c[BLOCKS].view(v.torch.int16), want.view(v.torch.int16))
+    for _, _, worker in [*ranks, *others, (None, None, ref_worker)]:
+        worker.shutdown()
+
+
+@vllm_only
+def test_an_uncertified_vllm_layout_fails_closed_at_get_worker():
+    v = _vllm()
+    full = full_caches(v, "split-nhd", 4)
+    caches = [shard("split-nhd", f, 2, 0, 4) for f in full]
+    spec, worker = rank_worker(v, "split-nhd", 2, 0, 4, caches, f"bad{next(_ids)}")
+    worker.shutdown()
+    tensors = [
+        v.base.CanonicalKVCacheTensor(c.view(v.torch.int8).view(NB, -1), 2 * BS * 2 * HS * 2)
+        for c in caches
+    ]
+    refs = [v.base.CanonicalKVCacheRef(i, t.page_size_bytes, None) for i, t in enumerate(tensors)]
+    spec._worker = None
+    with pytest.raises(RuntimeError, match="could not be certified"):
+        spec.get_worker(v.base.CanonicalKVCaches(tensors, [refs]))
