@@ -35,7 +35,9 @@ from jax_kvoffload.transfer import (
     GroupTransfer,
     HostChunkPool,
     TransferEngine,
+    TransferError,
     TransferResult,
+    check_global_caches,
 )
 
 logger = logging.getLogger(__name__)
@@ -53,6 +55,20 @@ class _Job:
     generation: int
 
 
+def _check_canonical(caches: Mapping[int, GroupCaches], total_kv_heads: int | None) -> None:
+    if total_kv_heads is None:
+        raise OffloaderError(
+            "canonical_layout is set: pass total_kv_heads= (the model's KV heads) so the "
+            "offloader can check that the caches are global arrays, whose pages are the "
+            "canonical pages; or drop 'canonical_layout' from the extra config"
+        )
+    for g, gc in caches.items():
+        try:
+            check_global_caches(gc, total_kv_heads)
+        except TransferError as e:
+            raise OffloaderError(f"group {g}: {e}") from e
+
+
 class KVOffloader:
     """Offloads KV chunks of a JAX engine to host memory and loads them back.
 
@@ -64,6 +80,9 @@ class KVOffloader:
       eviction_policy: "lru" or "arc"; defaults to the extra config's, else "lru".
       backend, interpret: kernel backend for `pallas_kernels` ("auto" by platform).
       max_bucket: largest block count per kernel call.
+      total_kv_heads: the model's KV heads; required with `config.canonical_layout`, where
+        every array must be the global view (all heads, sharded over any mesh) so that its
+        pages are the canonical, topology-free pages (docs/canonical.md).
     """
 
     def __init__(
@@ -76,9 +95,12 @@ class KVOffloader:
         backend: str = "auto",
         interpret: Any = False,
         max_bucket: int = 256,
+        total_kv_heads: int | None = None,
     ) -> None:
         if isinstance(caches, GroupCaches):
             caches = {config.groups[0].group_id: caches}
+        if config.canonical_layout:
+            _check_canonical(caches, total_kv_heads)
         self._groups = {g.group_id: g for g in config.groups}
         unknown = sorted(set(caches) - set(self._groups))
         missing = sorted(set(self._groups) - set(caches))
@@ -102,12 +124,14 @@ class KVOffloader:
         bytes_per_block = {g: gc.block_bytes for g, gc in caches.items()}
         # One chunk id addresses a row in every group, as vLLM's CPU tier sizes chunks
         # for all offloaded groups together.
+        # Global (canonical) arrays hold every rank's bytes in this one process: one copy.
+        canonical = config.canonical_layout
         self._store = HostStore.from_cpu_budget(
             int(budget),
             worker_kv_bytes_per_block=sum(bytes_per_block.values()),
             blocks_per_chunk=self._bpc,
-            world_size=config.parallel.world_size,
-            replicated_layout=config.replicated_layout,
+            world_size=1 if canonical else config.parallel.world_size,
+            replicated_layout=False if canonical else config.replicated_layout,
             eviction_policy=eviction_policy or extra.get("eviction_policy", "lru"),
             enable_events=config.enable_kv_cache_events,
         )

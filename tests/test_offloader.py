@@ -242,3 +242,21 @@ def test_random_sequences_match_a_dict_model(ops):
                     for layer in range(2):
                         got = after[layer][NB - n + 2 * c : NB - n + 2 * c + 2]
                         np.testing.assert_array_equal(got, expected[layer])
+
+
+def test_canonical_layout_takes_global_arrays_and_refuses_shards():
+    cfg = config(extra={"canonical_layout": True})
+    assert cfg.canonical_layout
+    with pytest.raises(OffloaderError, match="total_kv_heads"):
+        offloader(cfg)
+    shard = [a[:, :, :1] for a in arrays()]  # one of the two KV heads: a device's shard
+    with pytest.raises(OffloaderError, match=r"has 1 KV heads .* model has 2"):
+        KVOffloader(cfg, GroupCaches(shard, pk.KVLayout.nhd()), backend="xla", total_kv_heads=2)
+    off, before = offloader(cfg, total_kv_heads=H)
+    h = hashes("c", 4)
+    with off:
+        assert off.wait([off.store(h, [1, 2, 3, 4])])[0].success
+        assert off.wait([off.load(h, [8, 9, 10, 11])])[0].success
+        after = [np.asarray(a) for a in off.caches()]
+    for layer in range(2):
+        np.testing.assert_array_equal(after[layer][8:12], before[layer][1:5])
