@@ -12,13 +12,20 @@ Replacing the plain row copy that the direct path makes anyway, it moves the sam
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+import os
+import threading
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from jax_kvoffload.config import CopyRun
+
+# Copies below this many bytes per thread stay on the calling thread.
+_PARALLEL_BYTES = 4 << 20
 
 # Above this many arithmetic slot segments per batch (e.g. one block per chunk, chunks
 # scattered in the pool), one fancy-indexed assignment per family beats a Python loop.
@@ -119,6 +126,62 @@ def segments(slots: np.ndarray, positions: np.ndarray, step: int) -> list[tuple[
     return [(int(slots[s]), int(positions[s]), int(c)) for s, c in zip(starts, counts, strict=True)]
 
 
+def copy_threads() -> int:
+    """Threads a large host copy is split over: `JAX_KVOFFLOAD_COPY_THREADS`, else
+    `min(4, cpu count)`. numpy copies with the GIL released, so they run in parallel."""
+    value = os.environ.get("JAX_KVOFFLOAD_COPY_THREADS")
+    if value is not None:
+        try:
+            return max(1, int(value))
+        except ValueError:
+            raise ValueError(
+                f"JAX_KVOFFLOAD_COPY_THREADS={value!r}: give a whole number of threads"
+            ) from None
+    return max(1, min(4, os.cpu_count() or 1))
+
+
+_executor: ThreadPoolExecutor | None = None
+_executor_workers = 0
+_executor_lock = threading.Lock()
+
+
+def _pool(workers: int) -> ThreadPoolExecutor:
+    global _executor, _executor_workers
+    with _executor_lock:
+        if _executor is None or _executor_workers < workers:
+            # The old pool's threads finish what they hold and exit.
+            if _executor is not None:
+                _executor.shutdown(wait=False)
+            _executor = ThreadPoolExecutor(workers, thread_name_prefix="kv-copy")
+            _executor_workers = workers
+        return _executor
+
+
+def _run(tasks: list[Callable[[], None]]) -> None:
+    """Runs the tasks, the first on this thread; re-raises the first failure after all
+    have ended (no task is left writing into rows the caller may reuse)."""
+    if len(tasks) == 1:
+        tasks[0]()
+        return
+    pool = _pool(max(copy_threads() - 1, 1))
+    futures = [pool.submit(t) for t in tasks[1:]]
+    error: BaseException | None = None
+    try:
+        tasks[0]()
+    except BaseException as e:  # re-raised below, once the others have ended
+        error = e
+    for f in futures:
+        e = f.exception()
+        error = error or e
+    if error is not None:
+        raise error
+
+
+def _parts(rows: int, row_bytes: int) -> int:
+    """How many threads a copy of `rows` rows deserves (one per _PARALLEL_BYTES)."""
+    return max(1, min(copy_threads(), rows, rows * row_bytes // _PARALLEL_BYTES))
+
+
 def copy_rows(
     dst: np.ndarray,
     dst_rows: np.ndarray,
@@ -126,11 +189,30 @@ def copy_rows(
     src_rows: np.ndarray,
     step: int,
 ) -> None:
-    """`dst[dst_rows[k]] = src[src_rows[k]]` for 4-D family views whose first axis is the
-    block row; arithmetic runs become slice assignments (no temporaries)."""
+    """`dst[dst_rows[k]] = src[src_rows[k]]` for views whose first axis is the block row;
+    arithmetic runs become slice assignments (no temporaries). Copies of several MiB are
+    split by rows over `copy_threads()` threads."""
+    n = len(src_rows)
+    if n == 0:
+        return
+    parts = _parts(n, src[0].nbytes)
     segs = segments(dst_rows, src_rows, step)
     if len(segs) > _MAX_SEGMENTS:
-        dst[dst_rows] = src[src_rows]
-        return
-    for d, s, n in segs:
-        dst[d : d + (n - 1) * step + 1 : step] = src[s : s + (n - 1) * step + 1 : step]
+        pieces = np.array_split(np.arange(n), parts)
+        tasks = [partial(_fancy, dst, dst_rows[p], src, src_rows[p]) for p in pieces]
+    else:
+        size = -(-n // parts)  # rows per piece
+        tasks = [
+            partial(_slices, dst, src, d + k * step, s + k * step, min(size, c - k), step)
+            for d, s, c in segs
+            for k in range(0, c, size)
+        ]
+    _run(tasks)
+
+
+def _fancy(dst, dst_rows, src, src_rows) -> None:
+    dst[dst_rows] = src[src_rows]
+
+
+def _slices(dst, src, d: int, s: int, n: int, step: int) -> None:
+    dst[d : d + (n - 1) * step + 1 : step] = src[s : s + (n - 1) * step + 1 : step]

@@ -166,3 +166,46 @@ def test_a_pool_over_a_buffer_carves_groups_in_order_and_checks_the_size():
     with pytest.raises(HostPoolError, match="at least"):
         HostChunkPool(3, {0: 8, 1: 4}, 2, buffer=buf[:-1])
     assert plan_for_group  # exported alongside
+
+
+@pytest.mark.parametrize("slots_kind", ["runs", "scattered"])
+def test_copies_split_over_threads_give_the_same_bytes(monkeypatch, slots_kind):
+    from jax_kvoffload.transfer import _strided
+
+    monkeypatch.setenv("JAX_KVOFFLOAD_COPY_THREADS", "3")
+    monkeypatch.setattr(_strided, "_PARALLEL_BYTES", 64)  # split even tiny copies
+    layers, page, cpage = rank_layers("split-nhd", 2, 4, 1, num_layers=2)
+    plan = CanonicalGroupPlan(layers, 2 * page, 2 * cpage)
+    rng = np.random.default_rng(1)
+    slots = np.arange(3, 40) if slots_kind == "runs" else rng.permutation(80)[:60]
+    data = rng.integers(0, 256, (slots.size, 2 * page), dtype=np.uint8)
+    ours = np.zeros((80, 2 * cpage), dtype=np.uint8)
+    ref = ours.copy()
+    plan.store(ours, slots, data)
+    naive_store(layers, ref, slots, data)
+    np.testing.assert_array_equal(ours, ref)
+    out = np.empty_like(data)
+    plan.load(ours, slots, out)
+    out_ref = np.zeros_like(data)
+    naive_load(layers, ours, slots, out_ref)
+    np.testing.assert_array_equal(out, out_ref)
+
+
+def test_a_failing_piece_is_raised_after_every_piece_ended(monkeypatch):
+    from jax_kvoffload.transfer import _strided
+
+    monkeypatch.setenv("JAX_KVOFFLOAD_COPY_THREADS", "4")
+    ended = []
+
+    def ok(i):
+        ended.append(i)
+
+    def boom():
+        raise OSError("disk on fire")
+
+    with pytest.raises(OSError, match="on fire"):
+        _strided._run([boom, *(lambda i=i: ok(i) for i in range(5))])
+    assert sorted(ended) == list(range(5))
+    monkeypatch.setenv("JAX_KVOFFLOAD_COPY_THREADS", "many")
+    with pytest.raises(ValueError, match="whole number"):
+        _strided.copy_threads()
