@@ -13,7 +13,7 @@ import functools
 import logging
 from typing import Any
 
-from jax_kvoffload.bridge._vllm_canonical import canonical_worker_pool
+from jax_kvoffload.bridge._vllm_pools import canonical_worker_pool, shared_direct_pool
 from jax_kvoffload.config import OffloadingConfig
 from jax_kvoffload.store import HostStore, cpu_tier_capacity
 
@@ -54,19 +54,22 @@ def build_spec_classes() -> dict[str, type]:
             *,
             blocks_per_chunk: int,
             num_chunks: int,
-            canonical_config: OffloadingConfig | None = None,
+            config: OffloadingConfig | None = None,
         ):
-            """A worker over vLLM's `CanonicalKVCaches`; with `canonical_config` (its
-            `canonical_layout` set) host pages are canonical (fails closed)."""
+            """A worker over vLLM's `CanonicalKVCaches`. With `config`: canonical pages
+            when it sets `canonical_layout` (fails closed), else one host copy shared by
+            the workers when it sets `replicated_layout` with several workers; private
+            direct pages otherwise."""
             pool = region = None
-            if canonical_config is not None:
-                pool, region = canonical_worker_pool(
-                    kv_caches,
-                    canonical_config,
-                    num_chunks=num_chunks,
-                    blocks_per_chunk=blocks_per_chunk,
-                    page_bytes=[t.page_size_bytes for t in kv_caches.tensors],
-                )
+            sizes = {
+                "num_chunks": num_chunks,
+                "blocks_per_chunk": blocks_per_chunk,
+                "page_bytes": [t.page_size_bytes for t in kv_caches.tensors],
+            }
+            if config is not None and config.canonical_layout:
+                pool, region = canonical_worker_pool(kv_caches, config, **sizes)
+            elif config is not None and config.replicated_layout and config.parallel.world_size > 1:
+                pool, region = shared_direct_pool(config, **sizes)
             return cls(
                 [(t.tensor, t.page_size_bytes) for t in kv_caches.tensors],
                 [
@@ -101,24 +104,10 @@ def build_spec_classes() -> dict[str, type]:
             self.offloading_config = our_offloading_config(config)
             self.canonical_layout = self.offloading_config.canonical_layout
             parallel = self.offloading_config.parallel
-            # Canonical pages live in one host region shared by the workers, where
-            # replicated (MLA) bytes are written once: vLLM's sizing with one copy.
-            self.replicated_layout = (
-                self.canonical_layout and self.offloading_config.replicated_layout
-            )
-            if (
-                self.offloading_config.replicated_layout
-                and parallel.world_size > 1
-                and not self.canonical_layout
-            ):
-                # One host copy needs a host region shared by every worker process,
-                # which this spec does not have yet: like vLLM's CPU spec on platforms
-                # without its shared region, each worker keeps (and is sized for) its own.
-                logger.warning(
-                    "replicated_layout is ignored: JaxOffloadingSpec keeps one host copy "
-                    "per worker (world_size=%d)",
-                    parallel.world_size,
-                )
+            # Replicated (MLA) bytes are kept once, in a host region every worker maps
+            # (canonical or direct pages); vLLM's connector then lets only rank 0 store
+            # direct pages, and sizing counts one copy (like vLLM's tiering spec).
+            self.replicated_layout = self.offloading_config.replicated_layout
             capacity = cpu_tier_capacity(
                 self.extra_config.get("cpu_bytes_to_use"),
                 # vLLM sizes nothing without workers (world_size 0): no KV bytes then.
@@ -160,7 +149,7 @@ def build_spec_classes() -> dict[str, type]:
                     kv_caches,
                     blocks_per_chunk=self.blocks_per_chunk,
                     num_chunks=self.num_chunks,
-                    canonical_config=self.offloading_config if self.canonical_layout else None,
+                    config=self.offloading_config,
                 )
             return self._worker
 

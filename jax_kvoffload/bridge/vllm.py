@@ -14,7 +14,6 @@
 from typing import TYPE_CHECKING, Any
 
 from jax_kvoffload.bridge._job_plan import JobSpecError as JobSpecError
-from jax_kvoffload.bridge._vllm_canonical import CanonicalWorkerError as CanonicalWorkerError
 from jax_kvoffload.bridge._vllm_config import convert_engine_config as convert_engine_config
 from jax_kvoffload.bridge._vllm_config import (
     convert_kv_cache_config as convert_kv_cache_config,
@@ -23,6 +22,7 @@ from jax_kvoffload.bridge._vllm_config import convert_spec as convert_spec
 from jax_kvoffload.bridge._vllm_config import (
     offloading_config_from_vllm as offloading_config_from_vllm,
 )
+from jax_kvoffload.bridge._vllm_pools import CanonicalWorkerError as CanonicalWorkerError
 from jax_kvoffload.bridge._vllm_spec import our_offloading_config as our_offloading_config
 
 if TYPE_CHECKING:  # built on first access by __getattr__ (they import vLLM)

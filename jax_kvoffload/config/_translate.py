@@ -153,6 +153,13 @@ def _blocks_per_chunk(extra: Mapping[str, Any], groups: tuple[OffloadingGroupCon
                 suggested=round_up(tokens_per_chunk, tokens_per_block),
             )
         # No positivity check here, as in vLLM: 'block_size': 0 gives 0 blocks per chunk.
+        # A negative size, which vLLM passes on as a negative chunk, is refused.
+        if tokens_per_chunk < 0:
+            raise ChunkSizeError(
+                f"'block_size' must be >= 0 in kv_connector_extra_config. Got "
+                f"{tokens_per_chunk}, which would give {tokens_per_chunk // tokens_per_block} "
+                "blocks per chunk."
+            )
         return tokens_per_chunk // tokens_per_block
     return 1
 

@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from jax_kvoffload.bridge._vllm_canonical import CanonicalWorkerError, tensor_mappings
+from jax_kvoffload.bridge._vllm_pools import CanonicalWorkerError, tensor_mappings
 from jax_kvoffload.config import (
     CanonicalLayoutError,
     FullAttentionSpec,
@@ -144,7 +144,7 @@ def shard(form, full, tp, rank, heads):
     return full.narrow(axis, first, h).contiguous()
 
 
-def rank_worker(v, form, tp, rank, heads, caches, engine_id):
+def rank_worker(v, form, tp, rank, heads, caches, engine_id, canonical=True):
     if form == "mla":
         spec = v.kvi.MLAAttentionSpec(
             block_size=BS, num_kv_heads=1, head_size=HS, dtype=v.torch.bfloat16
@@ -172,13 +172,13 @@ def rank_worker(v, form, tp, rank, heads, caches, engine_id):
             "spec_name": "JaxOffloadingSpec",
             "spec_module_path": "jax_kvoffload.bridge.vllm",
             "cpu_bytes_to_use": 1 << 20,
-            "canonical_layout": True,
+            **({"canonical_layout": True} if canonical else {}),
         },
         engine_id=engine_id,
         model=v.vc.OffloadingModelConfig("m", "bfloat16", 100),
         cache=v.vc.OffloadingCacheConfig(BS, 2),
         parallel=v.vc.OffloadingParallelConfig(rank, tp, tp, 1, 1, 1, 0, 1, None, agnostic),
-        canonical_layout=True,
+        canonical_layout=canonical,
         replicated_layout=form == "mla",
     )
     spec_obj = v.bridge.JaxOffloadingSpec(cfg)
@@ -278,3 +278,32 @@ def test_an_uncertified_vllm_layout_fails_closed_at_get_worker():
     spec._worker = None
     with pytest.raises(RuntimeError, match="could not be certified"):
         spec.get_worker(v.base.CanonicalKVCaches(tensors, [refs]))
+
+
+@vllm_only
+def test_replicated_mla_pages_are_one_copy_written_by_rank_0_and_read_by_all():
+    # Without canonical pages: vLLM's connector lets only rank 0 store (it reads the
+    # spec's replicated_layout); every rank loads from the one region they all map.
+    v = _vllm()
+    full = full_caches(v, "mla", 1, seed=3)
+    engine = f"rep{next(_ids)}"
+    ranks = [
+        rank_worker(v, "mla", 2, r, 1, [f.clone() for f in full], engine, canonical=False)
+        for r in range(2)
+    ]
+    (spec0, w0), (spec1, w1) = ranks
+    assert spec0.replicated_layout and spec1.replicated_layout
+    run(w0, 1, "store", BLOCKS, CHUNKS, v)  # rank 0 only, as vLLM gates it
+    # Two mappings of one memory: rank 1 sees rank 0's rows without any copy.
+    for t in range(LAYERS):
+        assert w1.pool.rows(t).any()
+        np.testing.assert_array_equal(w1.pool.rows(t), w0.pool.rows(t))
+    caches1 = w1._tensors
+    for t in caches1:
+        t.zero_()
+    run(w1, 2, "load", BLOCKS, CHUNKS, v)
+    for t, f in zip(caches1, full, strict=True):
+        want = f.view(v.torch.int8).view(NB, -1)[BLOCKS]
+        assert v.torch.equal(t[BLOCKS], want)
+    for _, w in ranks:
+        w.shutdown()

@@ -170,6 +170,11 @@ def test_a13_block_size_string_and_zero_quirk():
     assert build(kv_config(group(full())), {"block_size": 0}).cache.blocks_per_chunk == 0
 
 
+def test_a_negative_block_size_is_refused_where_vllm_returns_a_negative_chunk():
+    with pytest.raises(ChunkSizeError, match=r"'block_size' must be >= 0.*-2 blocks per chunk"):
+        build(kv_config(group(full())), {"block_size": -32})
+
+
 def test_non_numeric_chunk_values_raise_a_typed_error():
     with pytest.raises(ChunkSizeError, match="not an integer"):
         build(kv_config(group(full())), {"block_size": "sixty"})

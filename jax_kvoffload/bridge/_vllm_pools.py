@@ -1,4 +1,4 @@
-"""Canonical host pages for vLLM workers: certify at registration, share one host pool.
+"""Host pools for vLLM workers: canonical pages, and one shared copy of replicated pages.
 
 vLLM's connector worker attaches a `CanonicalPageMapping` (or None) to every layer ref of
 the `CanonicalKVCaches` it hands to `get_worker`. With `canonical_layout` requested,
@@ -6,6 +6,10 @@ the `CanonicalKVCaches` it hands to `get_worker`. With `canonical_layout` reques
 fails closed; then builds this rank's relayout plans and the host pool that all ranks of
 the TP x PCP group share (a `SharedHostRegion` when there are several worker processes),
 seen through a `CanonicalPoolView` with this rank's page widths.
+
+`shared_direct_pool` is the replicated layout without canonical pages (MLA's latent is
+the same on every TP rank): one region for all workers, which vLLM lets only rank 0
+write (its connector gates stores on the spec's `replicated_layout`); every rank loads.
 
 Uses vLLM's objects by attribute only; imports neither vLLM nor torch (nor JAX until a
 worker pool is built).
@@ -26,9 +30,9 @@ from jax_kvoffload.config import (
 )
 
 if TYPE_CHECKING:
-    from jax_kvoffload.transfer import CanonicalPoolView, SharedHostRegion
+    from jax_kvoffload.transfer import CanonicalPoolView, HostChunkPool, SharedHostRegion
 
-__all__ = ["CanonicalWorkerError", "canonical_worker_pool", "our_mapping"]
+__all__ = ["CanonicalWorkerError", "canonical_worker_pool", "our_mapping", "shared_direct_pool"]
 
 logger = logging.getLogger(__name__)
 
@@ -158,3 +162,27 @@ def canonical_worker_pool(
         portable,
     )
     return CanonicalPoolView(pool, plans), region
+
+
+def shared_direct_pool(
+    config: OffloadingConfig,
+    *,
+    num_chunks: int,
+    blocks_per_chunk: int,
+    page_bytes: Sequence[int],
+) -> tuple[HostChunkPool, SharedHostRegion]:
+    """One pool of direct pages (`page_bytes[t]` per block of tensor t) in a region that
+    every worker process of the engine maps (`world_size` of them)."""
+    from jax_kvoffload.transfer import HostChunkPool, SharedHostRegion
+
+    widths = dict(enumerate(page_bytes))
+    nbytes = HostChunkPool.nbytes_for(num_chunks, widths, blocks_per_chunk)
+    world = max(config.parallel.world_size, 1)
+    region = SharedHostRegion(region_name(config.engine_id) + "_replicated", nbytes, world)
+    pool = HostChunkPool(num_chunks, widths, blocks_per_chunk, buffer=region.array)
+    logger.info(
+        "replicated host pages: one copy for %d workers (%d bytes per block)",
+        world,
+        sum(widths.values()),
+    )
+    return pool, region
