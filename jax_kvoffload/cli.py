@@ -26,7 +26,7 @@ def _config_explain(args: argparse.Namespace) -> int:
     return 0
 
 
-BENCHMARKS = ("kernels", "offload", "manager", "canonical")
+BENCHMARKS = ("kernels", "offload", "manager", "canonical", "mesh")
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -159,8 +159,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = commands.add_parser(
         "bench",
-        help="run a benchmark script (kernels, offload, manager, canonical); extra arguments "
-        "pass through, e.g. `jax-kvoffload bench offload --quick`",
+        help="run a benchmark script (kernels, offload, manager, canonical, mesh); extra "
+        "arguments pass through, e.g. `jax-kvoffload bench offload --quick`",
     )
     bench.add_argument("name", choices=BENCHMARKS)
     bench.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")

@@ -20,6 +20,7 @@ from .blocks.errors import UnsupportedDtypeError as UnsupportedDtypeError
 from .blocks.layout import KVLayout as KVLayout
 from .blocks.layout import KVStacking as KVStacking
 from .blocks.layout import PageFormat as PageFormat
+from .blocks.mesh import staging_sharding as staging_sharding
 from .blocks.mosaic_gpu import MosaicGpuConfig as MosaicGpuConfig
 from .blocks.reference import gather_blocks_reference as gather_blocks_reference
 from .blocks.reference import scatter_blocks_reference as scatter_blocks_reference
@@ -51,4 +52,5 @@ __all__ = [
     "gather_blocks_reference",
     "scatter_blocks",
     "scatter_blocks_reference",
+    "staging_sharding",
 ]

@@ -29,6 +29,7 @@ import pallas_kernels as pk
 from jax_kvoffload.transfer._buckets import bucket_sizes
 from jax_kvoffload.transfer._host_pool import HostChunkPool
 from jax_kvoffload.transfer._jobs import Direction, GroupTransfer, TransferError, TransferResult
+from jax_kvoffload.transfer._sharded_io import distinct_shards, fetch_sharded
 
 logger = logging.getLogger(__name__)
 
@@ -82,23 +83,27 @@ def _replicated(sharding: Any) -> Any:
 
 
 class _HostBuffers:
-    """Reused host staging buffers for loads, by shape.
+    """Reused host staging buffers for loads, by shape, up to `limit` bytes kept free.
 
     Fresh multi-MiB allocations spend most of their time in page faults (measured on
-    CPU: system time dominated the load path); a handful of buffers per shape is enough
-    because loads of one engine run one at a time per direction.
+    CPU: system time dominated the load path). A load holds one buffer per distinct shard
+    of each bucket until its scatter has read them, so the bound is in bytes (enough for
+    two jobs' staging), not in buffers per shape.
     """
 
-    def __init__(self, per_shape: int = 2) -> None:
+    def __init__(self, limit: int) -> None:
         self._free: dict[tuple[int, int], list[np.ndarray]] = {}
-        self._per_shape = per_shape
+        self._free_bytes = 0
+        self._limit = limit
         self._lock = threading.Lock()
 
     def take(self, shape: tuple[int, int]) -> np.ndarray:
         with self._lock:
             free = self._free.get(shape)
             if free:
-                return free.pop()
+                buffer = free.pop()
+                self._free_bytes -= buffer.nbytes
+                return buffer
         # 64-byte aligned: XLA:CPU then adopts the buffer in device_put instead of
         # copying it (an unaligned numpy buffer is copied: measured 1.5-2 GB/s).
         raw = np.empty(shape[0] * shape[1] + 64, dtype=np.uint8)
@@ -107,9 +112,9 @@ class _HostBuffers:
 
     def give(self, buffer: np.ndarray) -> None:
         with self._lock:
-            free = self._free.setdefault(buffer.shape, [])
-            if len(free) < self._per_shape:
-                free.append(buffer)
+            if self._free_bytes + buffer.nbytes <= self._limit:
+                self._free.setdefault(buffer.shape, []).append(buffer)
+                self._free_bytes += buffer.nbytes
 
 
 @dataclass
@@ -120,7 +125,7 @@ class _Pending:
     started: float
     size_bytes: int
     # loads: per piece (group, block ids, device staging, host buffer to give back)
-    pieces: list[tuple[int, np.ndarray, Any, np.ndarray | None]] | None = None
+    pieces: list[tuple[int, np.ndarray, Any, list[np.ndarray]]] | None = None
 
 
 class TransferEngine:
@@ -164,7 +169,7 @@ class TransferEngine:
             g: _bucket_for(gc.block_bytes, max_bucket, max_staging_bytes)
             for g, gc in self._caches.items()
         }
-        self._buffers = _HostBuffers()
+        self._buffers = _HostBuffers(limit=2 * max_staging_bytes)
         self._on_cpu = {
             g: next(iter(gc.arrays[0].devices())).platform == "cpu"
             for g, gc in self._caches.items()
@@ -229,6 +234,12 @@ class TransferEngine:
 
         def finish() -> None:
             for group, t, first, host in staged:
+                shards = distinct_shards(host)
+                if shards is not None and hasattr(self._pool, "write_shards"):
+                    self._pool.write_shards(
+                        group, list(t.chunk_ids), first, host.shape, host.dtype, shards
+                    )
+                    continue
                 data = np.asarray(host)  # waits for the D2H copy
                 rows = data.reshape(data.shape[0], -1).view(np.uint8)
                 self._pool.write_blocks(group, list(t.chunk_ids), first, rows)
@@ -249,23 +260,43 @@ class TransferEngine:
                 plan.append((t.group, ids, t, t.first_slot + start, (n, *shape)))
                 start += n
             size += len(t.block_ids) * gc.block_bytes
-        pieces: list[tuple[int, np.ndarray, Any, np.ndarray]] = []
+        pieces: list[tuple[int, np.ndarray, Any, list[np.ndarray]]] = []
 
         def fetch() -> None:
             for group, ids, t, first, shape in plan:
-                gc = self._caches[group]
-                rows = self._buffers.take((len(ids), gc.block_bytes))
-                self._pool.read_blocks(group, list(t.chunk_ids), first, len(ids), rows)
-                host = rows.view(gc.arrays[0].dtype).reshape(shape)
-                device = _replicated(gc.arrays[0].sharding)
-                staged = jax.block_until_ready(jax.device_put(host, device))
+                staged, buffers = self._fetch(group, t, first, shape)
                 if not self._on_cpu[group]:
-                    # A real H2D copy: the host buffer is free again.
-                    self._buffers.give(rows)
-                    rows = None
-                pieces.append((group, ids, staged, rows))
+                    # A real H2D copy: the host buffers are free again.
+                    for b in buffers:
+                        self._buffers.give(b)
+                    buffers = []
+                pieces.append((group, ids, staged, buffers))
 
         self._enqueue(job_id, Direction.LOAD, fetch, size, pieces)
+
+    def _fetch(
+        self, group: int, t: GroupTransfer, first: int, shape: tuple[int, ...]
+    ) -> tuple[jax.Array, list[np.ndarray]]:
+        """The staging of one load piece on the caches' devices, and its host buffers."""
+        gc = self._caches[group]
+        dtype = gc.arrays[0].dtype
+        # Sharded caches take their staging sharded like their page axes: each device
+        # receives only its shard, read from the rows straight into its own buffer.
+        sharding = pk.staging_sharding(gc.arrays, gc.layout)
+        if sharding is not None and hasattr(self._pool, "read_shards"):
+            chunk_ids = list(t.chunk_ids)
+
+            def read(shards):
+                self._pool.read_shards(group, chunk_ids, first, shape, dtype, shards)
+
+            fetched = fetch_sharded(read, self._buffers.take, shape, dtype, sharding)
+            if fetched is not None:
+                return fetched
+        rows = self._buffers.take((shape[0], gc.block_bytes))
+        self._pool.read_blocks(group, list(t.chunk_ids), first, shape[0], rows)
+        host = rows.view(dtype).reshape(shape)
+        device = sharding or _replicated(gc.arrays[0].sharding)
+        return jax.block_until_ready(jax.device_put(host, device)), [rows]
 
     def get_finished(self) -> list[TransferResult]:
         """Results of the jobs that ended since the last call; never blocks."""
@@ -351,16 +382,17 @@ class TransferEngine:
         error = p.future.exception()
         if error is None and p.direction is Direction.LOAD:
             try:
-                for group, ids, staging, rows in p.pieces:
+                for group, ids, staging, buffers in p.pieces:
                     gc = self._caches[group]
                     gc.arrays = pk.scatter_blocks(
                         gc.arrays, ids, staging, layout=gc.layout, **self._kernel_kw
                     )
-                    if rows is not None:
-                        # On CPU the staging aliased `rows` (zero-copy device_put): reuse
-                        # the buffer only once the scatter has read it.
+                    if buffers:
+                        # On CPU the staging aliased the buffers (zero-copy device_put):
+                        # reuse them only once the scatter has read them.
                         jax.block_until_ready(gc.arrays)
-                        self._buffers.give(rows)
+                        for b in buffers:
+                            self._buffers.give(b)
             except Exception as exc:  # reported as a failed job, never dropped
                 error = exc
         if error is not None:

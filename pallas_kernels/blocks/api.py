@@ -27,6 +27,7 @@ from .layout import (
     page_bytes,
     to_words,
 )
+from .mesh import local_plan
 
 BACKENDS = ("auto", "mosaic_gpu", "triton", "tpu", "xla", "reference")
 
@@ -125,8 +126,17 @@ def _staging_shape(caches: Sequence[Any], n: int, layout: KVLayout) -> tuple[int
     return (n, len(caches), *layout.page_shape(tuple(caches[0].shape)))
 
 
-@functools.partial(jax.jit, static_argnames=("layout", "backend", "config", "interpret"))
-def _gather(caches, block_ids, *, layout, backend, config, interpret):
+@functools.partial(jax.jit, static_argnames=("layout", "backend", "config", "interpret", "local"))
+def _gather(caches, block_ids, *, layout, backend, config, interpret, local):
+    if local is None:
+        return _gather_body(caches, block_ids, layout, backend, config, interpret)
+    body = functools.partial(
+        _gather_body, layout=layout, backend=backend, config=config, interpret=interpret
+    )
+    return local.run(body, len(caches), with_staging=False)(tuple(caches), block_ids)
+
+
+def _gather_body(caches, block_ids, layout, backend, config, interpret):
     if backend == "reference":
         return reference.gather_blocks_reference(caches, block_ids, layout=layout)
     # The XLA path keeps the element width (see _scatter_body): on XLA:CPU a widening
@@ -141,7 +151,16 @@ def _gather(caches, block_ids, *, layout, backend, config, interpret):
     return from_words(out, _staging_shape(caches, block_ids.shape[0], layout), caches[0].dtype)
 
 
-def _scatter_impl(caches, block_ids, staging, *, layout, backend, config, interpret, shardings):
+def _scatter_impl(
+    caches, block_ids, staging, *, layout, backend, config, interpret, shardings, local
+):
+    if local is not None:  # each device writes its own shard; shardings are kept
+
+        def body(cs, ids, st):
+            return tuple(_scatter_body(cs, ids, st, layout, backend, config, interpret))
+
+        out = local.run(body, len(caches), with_staging=True)(tuple(caches), block_ids, staging)
+        return list(out)
     out = _scatter_body(caches, block_ids, staging, layout, backend, config, interpret)
     if shardings is not None:
         # Keep each cache's sharding: otherwise XLA may pick another (e.g. replicated)
@@ -170,7 +189,7 @@ def _scatter_body(caches, block_ids, staging, layout, backend, config, interpret
     return [from_words(o, c.shape, c.dtype) for o, c in zip(out, caches, strict=True)]
 
 
-_STATIC = ("layout", "backend", "config", "interpret", "shardings")
+_STATIC = ("layout", "backend", "config", "interpret", "shardings", "local")
 _scatter_donating = jax.jit(_scatter_impl, static_argnames=_STATIC, donate_argnums=0)
 _scatter_keeping = jax.jit(_scatter_impl, static_argnames=_STATIC)
 
@@ -197,7 +216,9 @@ def gather_blocks(
 
     Returns:
       ``[n, len(caches), *page_shape]`` in the caches' dtype, block-major: entry i holds
-      every array's page of ``block_ids[i]`` back to back.
+      every array's page of ``block_ids[i]`` back to back. For caches sharded over a
+      mesh along page axes (not the block axis), each device gathers its own shard and
+      the staging is sharded the same way (``staging_sharding``).
     """
     caches = check_caches(caches, layout)
     nb = layout.num_blocks(tuple(caches[0].shape))
@@ -213,6 +234,7 @@ def gather_blocks(
         backend=backend,
         config=config,
         interpret=interpret,
+        local=local_plan(caches, layout),
     )
 
 
@@ -261,6 +283,7 @@ def scatter_blocks(
         config=config,
         interpret=interpret,
         shardings=_mesh_shardings(caches),
+        local=local_plan(caches, layout),
     )
 
 

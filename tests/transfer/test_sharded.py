@@ -29,6 +29,17 @@ SCRIPT = textwrap.dedent(
     arrays = [jax.device_put(np.roll(bits, k).view(jnp.bfloat16), heads) for k in range(2)]
     before = [np.asarray(a).view(np.uint16).copy() for a in arrays]
     gc = GroupCaches(arrays, pk.KVLayout.nhd())
+    # Each device gathers its own heads: the staging is sharded like the heads.
+    staging = pk.staging_sharding(arrays, gc.layout)
+    assert staging.spec == P(None, None, None, "tp", None), staging
+    got = pk.gather_blocks(arrays, np.array([2, 5], np.int32), layout=gc.layout, backend="xla")
+    assert got.sharding.is_equivalent_to(staging, 5), got.sharding
+    np.testing.assert_array_equal(np.asarray(got[:, 1]).view(np.uint16), before[1][[2, 5]])
+    # Sharded along the block axis instead: the global path, same bytes.
+    by_block = [jax.device_put(a, NamedSharding(mesh, P("tp"))) for a in arrays]
+    assert pk.staging_sharding(by_block, gc.layout) is None
+    got = pk.gather_blocks(by_block, np.array([2, 5], np.int32), layout=gc.layout, backend="xla")
+    np.testing.assert_array_equal(np.asarray(got[:, 0]).view(np.uint16), before[0][[2, 5]])
     pool = HostChunkPool(4, {0: gc.block_bytes}, 2)
     with TransferEngine({0: gc}, pool, backend="xla") as engine:
         engine.submit_store(1, [GroupTransfer(0, (2, 5, 7), (3, 0))])
