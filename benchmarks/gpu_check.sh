@@ -6,8 +6,8 @@
 # 1) the GPU-marked tests (kernels compiled for the device vs the reference, in place),
 #    and the transfer engine / KVOffloader tests on the GPU (the default device there),
 # 2) the kernel benchmark (every GPU backend vs XLA vs a device-to-device copy),
-# 3) the offload benchmark (engine vs per-block path vs one large device_put) and the
-#    scheduler-side manager benchmark,
+# 3) the offload benchmark (engine vs per-block path vs one large device_put), the
+#    scheduler-side manager benchmark and the canonical-vs-direct benchmark (real D2H),
 # then a short table last. Exits non-zero if the tests fail.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -30,6 +30,8 @@ bench_rc=${PIPESTATUS[0]}
 python benchmarks/offload.py --out "$OUT" 2>&1 | tee "$OUT/offload.txt"
 [ "${PIPESTATUS[0]}" -eq 0 ] || bench_rc=1
 python benchmarks/manager.py --quick --out "$OUT" 2>&1 | tee "$OUT/manager.txt"
+[ "${PIPESTATUS[0]}" -eq 0 ] || bench_rc=1
+python benchmarks/canonical.py --quick --out "$OUT" 2>&1 | tee "$OUT/canonical.txt"
 [ "${PIPESTATUS[0]}" -eq 0 ] || bench_rc=1
 
 echo
