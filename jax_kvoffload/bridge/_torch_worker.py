@@ -144,6 +144,11 @@ class TorchKVWorker:
             GroupTransfer(m.tensor, tuple(self._rows(m)), m.chunk_ids, m.first_slot) for m in moves
         ]
         self._engine.submit_store(job_id, transfers)
+        if hasattr(self.pool, "store_bytes"):  # canonical pages: only the bytes written
+            size = sum(
+                self.pool.store_bytes(m.tensor, list(m.chunk_ids), m.first_slot, len(m.block_ids))
+                for m in moves
+            )
         self._store_sizes[job_id] = size
         return True
 

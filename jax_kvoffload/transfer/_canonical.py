@@ -123,6 +123,19 @@ class CanonicalGroupPlan:
         """The strided families, all writer classes together."""
         return self._all
 
+    def store_bytes(self, slots: np.ndarray) -> int:
+        """Bytes `store` writes for these canonical page ids (writer rotation applied)."""
+        slots = np.asarray(slots, dtype=np.int64)
+        total = 0
+        for k in self._classes:
+            mine = (
+                slots.size
+                if k.num_writers == 1
+                else int(np.count_nonzero(slots % k.num_writers == k.writer_index))
+            )
+            total += mine * k.nbytes
+        return total
+
     def store(self, canonical: np.ndarray, slots: np.ndarray, data: np.ndarray) -> int:
         """Writes this rank's bytes of `data` (`[n, local_block_bytes]` uint8) into rows
         `slots` of `canonical` (`[num_slots, canonical_block_bytes]` uint8, modified in

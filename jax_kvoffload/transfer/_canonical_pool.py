@@ -80,6 +80,11 @@ class CanonicalPoolView:
         rows = self.pool.rows(group)
         return rows.reshape(self.num_chunks * self.blocks_per_chunk, -1)
 
+    def store_bytes(self, group: int, chunk_ids: list[int], first: int, n_blocks: int) -> int:
+        """Bytes this rank writes when storing `n_blocks` blocks there (its runs of the
+        blocks it is a writer for): what vLLM reports as a canonical store's size."""
+        return self._plan(group).store_bytes(self._slots(chunk_ids, first, n_blocks))
+
     def write_blocks(self, group: int, chunk_ids: list[int], first: int, data: np.ndarray) -> None:
         """Stores this rank's bytes of `data` (`[n, local_block_bytes]` uint8)."""
         slots = self._slots(chunk_ids, first, data.shape[0])

@@ -231,14 +231,17 @@ def test_ranks_store_tp1_pages_and_another_tp_loads_them(form, heads, tp, tp_loa
     full = full_caches(v, form, heads)
     # TP=1 reference: the canonical pages are the single device's pages.
     ((_, _, ref_worker),) = group(v, form, 1, heads, full, f"ref{next(_ids)}")
-    run(ref_worker, 1, "store", BLOCKS, CHUNKS, v)
+    ref_size = run(ref_worker, 1, "store", BLOCKS, CHUNKS, v).transfer_size
     reference = host_rows(ref_worker)
     # TP=tp group: every rank stores its shard into the shared rows.
     ranks = group(v, form, tp, heads, full, f"tp{next(_ids)}")
+    written = 0
     for _, spec, worker in ranks:
         # MLA's replicated latent is one host copy: sized like vLLM's shared region.
         assert spec.replicated_layout == (form == "mla")
-        run(worker, 2, "store", BLOCKS, CHUNKS, v)
+        written += run(worker, 2, "store", BLOCKS, CHUNKS, v).transfer_size
+    # Sizes count the bytes each rank wrote (vLLM's rule): every canonical byte once.
+    assert written == ref_size == len(BLOCKS) * sum(r.shape[1] for r in reference) // 2
     for got, want in zip(host_rows(ranks[0][2]), reference, strict=True):
         np.testing.assert_array_equal(got, want)
     # Each rank loads its shard back into zeroed caches.
