@@ -20,7 +20,6 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import csv
 import datetime
 import os
 import pathlib
@@ -29,6 +28,8 @@ import statistics
 import sys
 import time
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # _report, beside us
+import _report
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -198,23 +199,13 @@ def main():
     for r in results:
         print(" | ".join(f"{r[c]:.4g}" if isinstance(r[c], float) else str(r[c]) for c in cols))
     out = pathlib.Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    with open(out / "canonical.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=cols)
-        w.writeheader()
-        w.writerows(results)
-    print(f"wrote {out / 'canonical.csv'}")
+    _report.write_csv(out / "canonical.csv", cols, results)
     _plot(results, out / "canonical.png")
 
 
 def _plot(rows, path):
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib not installed: no plot", file=sys.stderr)
+    plt = _report.pyplot()
+    if plt is None:
         return
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
     for ax, d in zip(axes, ("store", "load"), strict=True):

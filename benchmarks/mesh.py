@@ -18,7 +18,6 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import csv
 import datetime
 import json
 import os
@@ -28,6 +27,8 @@ import subprocess
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))  # _report, beside us
+import _report  # noqa: E402
 
 CHILD = r"""
 import json, os, statistics, sys, time
@@ -76,7 +77,7 @@ def measure(n_dev, args):
     cmd = [sys.executable, "-c", CHILD, str(n_dev), str(args.layers), str(args.blocks)]
     cmd += [str(args.heads), str(args.repeats)]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"{n_dev} devices failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -104,23 +105,13 @@ def main():
     for r in rows:
         print(" | ".join(f"{r[c]:.4g}" if isinstance(r[c], float) else str(r[c]) for c in cols))
     out = pathlib.Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    with open(out / "mesh.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=cols)
-        w.writeheader()
-        w.writerows(rows)
-    print(f"wrote {out / 'mesh.csv'}")
+    _report.write_csv(out / "mesh.csv", cols, rows)
     _plot(rows, out / "mesh.png")
 
 
 def _plot(rows, path):
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib not installed: no plot", file=sys.stderr)
+    plt = _report.pyplot()
+    if plt is None:
         return
     fig, ax = plt.subplots(figsize=(6, 4))
     x = [r["devices"] for r in rows]

@@ -1,0 +1,31 @@
+"""Shared output of the benchmark scripts: the CSV file and matplotlib, when installed."""
+
+from __future__ import annotations
+
+import csv
+import pathlib
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+
+def write_csv(path: pathlib.Path, cols: Sequence[str], rows: Sequence[Mapping[str, Any]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(cols), extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+    print(f"wrote {path}")
+
+
+def pyplot() -> Any | None:
+    """`matplotlib.pyplot` on the Agg backend, or None (and a note) without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib not installed: no plot", file=sys.stderr)
+        return None
+    return plt
