@@ -29,3 +29,18 @@ def pyplot() -> Any | None:
         print("matplotlib not installed: no plot", file=sys.stderr)
         return None
     return plt
+
+
+def report(
+    out: pathlib.Path,
+    name: str,
+    cols: Sequence[str],
+    rows: Sequence[Mapping[str, Any]],
+    plot: Any,
+) -> None:
+    """Prints the table, writes `<out>/<name>.csv` and `plot(rows, <out>/<name>.png)`."""
+    print(" | ".join(cols))
+    for r in rows:
+        print(" | ".join(f"{r[c]:.4g}" if isinstance(r[c], float) else str(r[c]) for c in cols))
+    write_csv(out / f"{name}.csv", cols, rows)
+    plot(rows, out / f"{name}.png")

@@ -195,12 +195,7 @@ def main():
         "relayout_extra_share",
         "extra_over_direct",
     ]
-    print(" | ".join(cols))
-    for r in results:
-        print(" | ".join(f"{r[c]:.4g}" if isinstance(r[c], float) else str(r[c]) for c in cols))
-    out = pathlib.Path(args.out)
-    _report.write_csv(out / "canonical.csv", cols, results)
-    _plot(results, out / "canonical.png")
+    _report.report(pathlib.Path(args.out), "canonical", cols, results, _plot)
 
 
 def _plot(rows, path):

@@ -101,12 +101,7 @@ def main():
         r["store_over_1"] = r["store"] / base["store"]
         r["load_over_1"] = r["load"] / base["load"]
     cols = ["devices", "mib", "store", "load", "store_over_1", "load_over_1"]
-    print(" | ".join(cols))
-    for r in rows:
-        print(" | ".join(f"{r[c]:.4g}" if isinstance(r[c], float) else str(r[c]) for c in cols))
-    out = pathlib.Path(args.out)
-    _report.write_csv(out / "mesh.csv", cols, rows)
-    _plot(rows, out / "mesh.png")
+    _report.report(pathlib.Path(args.out), "mesh", cols, rows, _plot)
 
 
 def _plot(rows, path):

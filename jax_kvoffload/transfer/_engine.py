@@ -235,9 +235,9 @@ class TransferEngine:
         def finish() -> None:
             for group, t, first, host in staged:
                 shards = distinct_shards(host)
-                if shards is not None and hasattr(self._pool, "write_shards"):
-                    self._pool.write_shards(
-                        group, list(t.chunk_ids), first, host.shape, host.dtype, shards
+                if shards is not None and hasattr(self._pool, "move_shards"):
+                    self._pool.move_shards(
+                        group, list(t.chunk_ids), first, host.shape, host.dtype, shards, store=True
                     )
                     continue
                 data = np.asarray(host)  # waits for the D2H copy
@@ -283,11 +283,11 @@ class TransferEngine:
         # Sharded caches take their staging sharded like their page axes: each device
         # receives only its shard, read from the rows straight into its own buffer.
         sharding = pk.staging_sharding(gc.arrays, gc.layout)
-        if sharding is not None and hasattr(self._pool, "read_shards"):
+        if sharding is not None and hasattr(self._pool, "move_shards"):
             chunk_ids = list(t.chunk_ids)
 
             def read(shards):
-                self._pool.read_shards(group, chunk_ids, first, shape, dtype, shards)
+                self._pool.move_shards(group, chunk_ids, first, shape, dtype, shards, store=False)
 
             fetched = fetch_sharded(read, self._buffers.take, shape, dtype, sharding)
             if fetched is not None:

@@ -117,7 +117,7 @@ class HostChunkPool:
         slots = self._slots(group, chunk_ids, first, data.shape[0])
         copy_rows(self._flat(group), slots, data, np.arange(slots.size), 1)
 
-    def write_shards(
+    def move_shards(
         self,
         group: int,
         chunk_ids: list[int],
@@ -125,33 +125,23 @@ class HostChunkPool:
         shape: tuple[int, ...],
         dtype: np.dtype,
         shards: list[tuple[tuple[slice, ...], np.ndarray]],
+        *,
+        store: bool,
     ) -> None:
-        """Writes the blocks of a staging array of `shape` (`[n, *page]`, `dtype`) given as
-        shards `(index, data)` (`data` = `staging[index]`, the block axis whole) straight
-        into their places in the rows: the assembly of a sharded array and the row copy
-        in one pass."""
+        """Copies the blocks of a staging array of `shape` (`[n, *page]`, `dtype`), given
+        as shards `(index, data)` with `data` = `staging[index]` (the block axis whole),
+        between the shards and their places in the rows: into the rows (`store`), or from
+        them into each `data`. One host pass instead of assembling the array first."""
         flat = self._flat(group)
         rows = flat.view(dtype).reshape(flat.shape[0], *shape[1:])
         slots = self._slots(group, chunk_ids, first, shape[0])
+        blocks = np.arange(shape[0])
         for index, data in shards:
-            copy_rows(rows[(slice(None), *index[1:])], slots, data, np.arange(shape[0]), 1)
-
-    def read_shards(
-        self,
-        group: int,
-        chunk_ids: list[int],
-        first: int,
-        shape: tuple[int, ...],
-        dtype: np.dtype,
-        shards: list[tuple[tuple[slice, ...], np.ndarray]],
-    ) -> None:
-        """The mirror of `write_shards`: fills each `data` with `staging[index]` of the
-        `shape` staging array read from the rows."""
-        flat = self._flat(group)
-        rows = flat.view(dtype).reshape(flat.shape[0], *shape[1:])
-        slots = self._slots(group, chunk_ids, first, shape[0])
-        for index, data in shards:
-            copy_rows(data, np.arange(shape[0]), rows[(slice(None), *index[1:])], slots, 1)
+            place = rows[(slice(None), *index[1:])]
+            if store:
+                copy_rows(place, slots, data, blocks, 1)
+            else:
+                copy_rows(data, blocks, place, slots, 1)
 
     def read_blocks(
         self, group: int, chunk_ids: list[int], first: int, n_blocks: int, out: np.ndarray

@@ -4,7 +4,7 @@ A staging array gathered from mesh-sharded caches is split along its page axes (
 device holds its KV heads of every block). Assembling it into one numpy array and then
 copying that into the pool rows would move every byte twice on the host; these helpers
 move each distinct shard once, straight between its device buffer and its place in the
-rows (`HostChunkPool.write_shards` / `read_shards`). Replicas (a mesh axis the caches do
+rows (`HostChunkPool.move_shards`). Replicas (a mesh axis the caches do
 not use) are written once and read once per distinct shard.
 """
 
