@@ -166,6 +166,9 @@ class KVOffloader:
 
         Start from `caches(group)` read after the last completed load (a load replaces
         the arrays); shapes and dtypes must stay the same (`TransferError` otherwise).
+        The sharding may change: an engine that moves to another mesh passes its new
+        global arrays, and chunks stored before load into them (with canonical pages,
+        whatever the TP size; docs/canonical.md).
         """
         self._engine.set_arrays(self._group(group), arrays)
 
