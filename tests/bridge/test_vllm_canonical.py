@@ -310,3 +310,52 @@ def test_replicated_mla_pages_are_one_copy_written_by_rank_0_and_read_by_all():
         assert v.torch.equal(t[BLOCKS], want)
     for _, w in ranks:
         w.shutdown()
+
+
+def _rank_process(form, tp, rank, heads, engine_id, barrier, rows_out):
+    """One vLLM worker process: stores its shard into the shared region, waits for the
+    other ranks, hands rank 0's view of the rows to the parent, then loads its shard."""
+    v = _vllm()
+    full = full_caches(v, form, heads)
+    caches = [shard(form, f, tp, rank, heads) for f in full]
+    _, worker = rank_worker(v, form, tp, rank, heads, caches, engine_id)
+    run(worker, 1, "store", BLOCKS, CHUNKS, v)
+    barrier.wait(120)
+    if rank == 0:
+        rows_out.put([r.tobytes() for r in host_rows(worker)])
+    before = [c.clone() for c in caches]
+    for c in caches:
+        c.view(v.torch.int16).zero_()
+    run(worker, 2, "load", BLOCKS, CHUNKS, v)
+    for c, b in zip(caches, before, strict=True):
+        assert v.torch.equal(c[BLOCKS].view(v.torch.int16), b[BLOCKS].view(v.torch.int16))
+    barrier.wait(120)  # nobody unmaps before every rank has loaded
+    worker.shutdown()
+
+
+@vllm_only
+def test_worker_processes_share_one_region_of_canonical_pages():
+    # As under vLLM's multiprocess executor: one process per rank, one /dev/shm region.
+    import multiprocessing as mp
+
+    v = _vllm()
+    form, tp, heads = "split-nhd", 2, 4
+    ((_, _, ref_worker),) = group(v, form, 1, heads, full_caches(v, form, heads), "mpref")
+    run(ref_worker, 1, "store", BLOCKS, CHUNKS, v)
+    reference = host_rows(ref_worker)
+    ref_worker.shutdown()
+    ctx = mp.get_context("spawn")
+    barrier, rows = ctx.Barrier(tp), ctx.Queue()
+    engine = f"mp{os.getpid()}"
+    procs = [
+        ctx.Process(target=_rank_process, args=(form, tp, r, heads, engine, barrier, rows))
+        for r in range(tp)
+    ]
+    for p in procs:
+        p.start()
+    got = rows.get(timeout=300)
+    for p in procs:
+        p.join(300)
+    assert [p.exitcode for p in procs] == [0] * tp
+    for g, want in zip(got, reference, strict=True):
+        np.testing.assert_array_equal(np.frombuffer(g, np.uint8).reshape(want.shape), want)
