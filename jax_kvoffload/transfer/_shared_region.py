@@ -159,20 +159,21 @@ class SharedHostRegion:
             fcntl.flock(fd, fcntl.LOCK_UN)
 
     def close(self) -> None:
-        """Unmaps this process's view (idempotent). Drop numpy views of `array` first."""
+        """Unmaps this process's view (idempotent) and, if this process made the region
+        and not every expected process attached, removes its name. With numpy views of
+        `array` still alive the memory stays mapped until they are gone."""
         if self._mmap is None:
             return
-        self.array = None
-        try:
-            self._mmap.close()
-        except BufferError:
-            logger.warning("shared region %s still has views; left mapped", self.path)
-            return
-        self._mmap = None
         if self.created:  # a run that never completed its attachments: remove our name
             with contextlib.suppress(FileNotFoundError):
                 if os.stat(self.path).st_ino == self._inode:  # not a newer run's file
                     os.unlink(self.path)
+        self.array = None
+        try:
+            self._mmap.close()
+        except BufferError:
+            logger.debug("shared region %s still has views; unmapped when they go", self.path)
+        self._mmap = None
 
     def __enter__(self) -> SharedHostRegion:
         return self

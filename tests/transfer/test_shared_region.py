@@ -82,3 +82,12 @@ def test_one_expected_attachment_unlinks_at_once_and_keeps_the_memory(tmp_path):
     assert region.array.sum() == sum(range(100))
     region.close()
     assert os.listdir(tmp_path) == []
+
+
+def test_closing_with_live_views_still_removes_an_incomplete_name(tmp_path):
+    region = SharedHostRegion("views", 4096, 2, directory=tmp_path)
+    rows = region.array.reshape(4, 1024)  # a pool's rows outlive the close
+    rows[:] = 7
+    region.close()
+    assert not (tmp_path / "views").exists()
+    assert (rows == 7).all()  # still mapped while the view lives
