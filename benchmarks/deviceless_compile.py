@@ -4,7 +4,8 @@ TPU: needs ``libtpu`` (the pin of jax's ``tpu`` extra, 0.0.42.* for jax 0.10.2);
 come from ``jax.experimental.topologies.get_topology_desc("v5e:2x2", platform="tpu")``.
 CUDA: needs ``jax-cuda13-plugin`` and ``jax-cuda13-pjrt`` (same version as jax) and
 ``JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1`` (no driver or cuDNN here); devices are an H100
-described by a ``GpuTargetConfigProto`` (sm_90a), so the compile emits real cubins.
+described by a ``GpuTargetConfigProto`` (sm_90a), so the compile emits real cubins; two
+of them (``1x1x2``) for the mesh-sharded case.
 
 Run in a separate venv that has the plugin (see docs/kernels.md):
 
@@ -90,7 +91,7 @@ def compile_only_devices(platform: str) -> list:
     if platform == "tpu":
         return list(topologies.get_topology_desc("v5e:2x2", platform="tpu").devices)
     topo = topologies.get_topology_desc(
-        "h100", "cuda", target_config=H100_TARGET_CONFIG, topology="1x1x1"
+        "h100", "cuda", target_config=H100_TARGET_CONFIG, topology="1x1x2"
     )
     return list(topo.devices)
 
@@ -117,6 +118,38 @@ def compile_case(devices, backend, case):
     return time.perf_counter() - t0
 
 
+def compile_sharded(devices, backend):
+    """Compiles gather and scatter of an NHD cache whose KV heads are sharded over every
+    device (the shard-by-shard path: ``shard_map`` around the backend); returns seconds.
+
+    Traced through the API's jitted bodies with the plan the API would pick for concrete
+    arrays of this sharding (inside an outer ``jax.jit`` the caches are tracers)."""
+    from pallas_kernels.blocks import api
+    from pallas_kernels.blocks.mesh import LocalPlan
+
+    layout, shape, dtype, num_arrays, n = pk.KVLayout.nhd(), (1024, 16, 8, 128), jnp.bfloat16, 4, 64
+    mesh = jax.sharding.Mesh(np.array(devices), ("tp",))
+    plan = LocalPlan(mesh, P(None, None, "tp", None), P(None, None, None, "tp", None))
+    kw = {"layout": layout, "backend": backend, "interpret": False}
+    kw["config"] = api._CONFIGS[backend]()  # what the API resolves for a None config
+    caches = tuple(
+        jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(mesh, plan.cache_spec))
+        for _ in range(num_arrays)
+    )
+    ids = jax.ShapeDtypeStruct((n,), jnp.int32, sharding=NamedSharding(mesh, P()))
+    staging = jax.ShapeDtypeStruct(
+        (n, num_arrays, *layout.page_shape(shape)),
+        dtype,
+        sharding=NamedSharding(mesh, plan.staging_spec),
+    )
+    t0 = time.perf_counter()
+    api._gather.trace(caches, ids, local=plan, **kw).lower().compile()
+    api._scatter_donating.trace(
+        caches, ids, staging, shardings=None, local=plan, **kw
+    ).lower().compile()
+    return time.perf_counter() - t0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("platforms", nargs="*", default=["tpu", "cuda"], choices=["tpu", "cuda"])
@@ -138,6 +171,14 @@ def main(argv=None) -> int:
                     failed += 1
                     first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
                     print(f"  {backend:11s} {case[0]:20s} FAILED {type(exc).__name__}: {first}")
+            if len(devices) > 1:
+                try:
+                    secs = compile_sharded(devices, backend)
+                    name = f"sharded over {len(devices)}"
+                    print(f"  {backend:11s} {name:20s} COMPILED {secs:5.1f}s")
+                except Exception as exc:
+                    failed += 1
+                    print(f"  {backend:11s} sharded FAILED {type(exc).__name__}: {str(exc)[:200]}")
     return 1 if failed else 0
 
 

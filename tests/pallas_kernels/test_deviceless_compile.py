@@ -42,3 +42,17 @@ def devices():
 )
 def test_kernels_compile_without_the_device(devices, platform, backend, case):
     assert dc.compile_case(devices(platform), backend, case) > 0
+
+
+SHARDED = [(p, b) for p, backends in dc.PLATFORM_BACKENDS.items() for b in backends]
+
+
+@pytest.mark.parametrize(
+    ("platform", "backend"), SHARDED, ids=[f"{p}-{b}-sharded" for p, b in SHARDED]
+)
+def test_kernels_compile_per_device_on_a_sharded_mesh(devices, platform, backend):
+    # Heads sharded over every device of the topology: the shard_map path (docs/kernels.md).
+    devs = devices(platform)
+    if len(devs) < 2:
+        pytest.skip(f"the {platform} compile topology has one device")
+    assert dc.compile_sharded(devs, backend) > 0
