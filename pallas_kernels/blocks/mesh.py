@@ -8,7 +8,8 @@ with the cache, not with the blocks moved). ``local_plan`` recognises the case; 
 then runs the backend per device under ``jax.shard_map``: each device moves its own shard,
 nothing crosses devices, and the staging array comes out sharded like the page axes of
 the caches (``staging_sharding``), so a device-to-host copy of it moves each shard once.
-A cache sharded along the block axis keeps the global path.
+A cache sharded along the block axis, or along an axis before it (the K/V axis of a
+FIRST-stacked cache), keeps the global path.
 """
 
 from __future__ import annotations
@@ -43,7 +44,10 @@ class LocalPlan:
 
 def local_plan(caches: Sequence[Any], layout: KVLayout) -> LocalPlan | None:
     """A ``LocalPlan`` when every cache has one ``NamedSharding`` over several devices
-    that leaves the block axis whole (and is not a fully replicated one); else None."""
+    that shards only axes after the block axis (and is not fully replicated); else None.
+
+    Axes before the block axis (the K/V axis of a ``FIRST``-stacked cache) stay whole:
+    the word views reshape them with their global size."""
     shardings = [getattr(c, "sharding", None) for c in caches]
     first = shardings[0]
     if not isinstance(first, NamedSharding) or len(first.device_set) == 1:
@@ -52,7 +56,8 @@ def local_plan(caches: Sequence[Any], layout: KVLayout) -> LocalPlan | None:
         return None
     ndim = caches[0].ndim
     spec = tuple(first.spec) + (None,) * (ndim - len(first.spec))
-    if spec[layout.block_axis] is not None or all(p is None for p in spec):
+    axis = layout.block_axis
+    if any(p is not None for p in spec[: axis + 1]) or all(p is None for p in spec):
         return None
     page = tuple(p for i, p in enumerate(spec) if i != layout.block_axis)
     return LocalPlan(first.mesh, PartitionSpec(*spec), PartitionSpec(None, None, *page))

@@ -40,6 +40,14 @@ SCRIPT = textwrap.dedent(
     assert pk.staging_sharding(by_block, gc.layout) is None
     got = pk.gather_blocks(by_block, np.array([2, 5], np.int32), layout=gc.layout, backend="xla")
     np.testing.assert_array_equal(np.asarray(got[:, 0]).view(np.uint16), before[0][[2, 5]])
+    # FIRST stacking ([2, blocks, ...]) sharded along its K/V axis: the global path too.
+    first = pk.KVLayout.nhd(pk.KVStacking.FIRST)
+    kv = np.stack([before[0], before[1]])  # [2, 8, 4, 8, 16]
+    kv_mesh = Mesh(np.array(jax.devices()[:2]), ("x",))
+    by_kv = jax.device_put(kv, NamedSharding(kv_mesh, P("x")))
+    assert pk.staging_sharding([by_kv], first) is None
+    got = pk.gather_blocks([by_kv], np.array([1, 6], np.int32), layout=first, backend="xla")
+    np.testing.assert_array_equal(np.asarray(got)[:, 0], kv[:, [1, 6]].swapaxes(0, 1))
     pool = HostChunkPool(4, {0: gc.block_bytes}, 2)
     with TransferEngine({0: gc}, pool, backend="xla") as engine:
         engine.submit_store(1, [GroupTransfer(0, (2, 5, 7), (3, 0))])
