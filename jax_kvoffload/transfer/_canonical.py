@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 import pallas_kernels as pk
-from jax_kvoffload.config import CanonicalPageMapping, KVTensorView
+from jax_kvoffload.config import CanonicalPageMapping, CopyRun, KVTensorView
 from jax_kvoffload.transfer._jobs import TransferError
 from jax_kvoffload.transfer._strided import StridedCopy, copy_rows, merge_copies
 
@@ -85,18 +85,28 @@ class CanonicalGroupPlan:
         self.canonical_block_bytes = canonical_block_bytes
         self.padding = padding
         classes: dict[tuple[int, int], list[StridedCopy]] = {}
-        covered = np.zeros(local_block_bytes - padding, dtype=np.int32)
-        for m, lo, co in layers:
+        local = np.zeros(local_block_bytes - padding, dtype=bool)
+        canonical = np.zeros(canonical_block_bytes, dtype=bool)
+        for i, (m, lo, co) in enumerate(layers):
             copies = classes.setdefault((m.num_writers, m.writer_index), [])
             for r in m.runs:
+                _check_run(i, r, m, lo, co, local.size, canonical.size)
                 copies.append(StridedCopy.of_run(r, lo, co))
-                for lf, _, n in r.fragments():
-                    covered[lo + lf : lo + lf + n] += 1
-        if (covered != 1).any():
+                for lf, cf, n in r.fragments():
+                    for name, seen, at in (
+                        ("local", local, lo + lf),
+                        ("canonical", canonical, co + cf),
+                    ):
+                        if seen[at : at + n].any():
+                            raise TransferError(
+                                f"layer {i}: {name} bytes [{at}, {at + n}) are mapped more "
+                                "than once; every byte needs one place"
+                            )
+                        seen[at : at + n] = True
+        if not local.all():
             raise TransferError(
-                f"the layer mappings cover {int((covered > 0).sum())} of the "
-                f"{covered.size} mapped bytes of a block row "
-                f"({int((covered > 1).sum())} more than once); every byte needs one place"
+                f"the layer mappings cover {int(local.sum())} of the {local.size} mapped "
+                "bytes of a block row; every byte needs one place"
             )
         self._classes = tuple(
             _WriterClass(nw, wi, tuple(merged), sum(c.nbytes for c in merged))
@@ -104,14 +114,21 @@ class CanonicalGroupPlan:
             for merged in [merge_copies(copies)]
         )
         self._all = tuple(c for k in self._classes for c in k.copies)
+        only = self._all[0] if len(self._all) == 1 else None
         self._identity = (
-            local_block_bytes == canonical_block_bytes
-            and len(self._all) == 1
-            and self._all[0].nbytes == local_block_bytes
-            and self._all[0].local == self._all[0].canonical == 0
+            only is not None
+            and local_block_bytes == canonical_block_bytes == only.nbytes
+            and only.local == only.canonical == 0
+            and only.contiguous()
             and all(k.num_writers == 1 for k in self._classes)
             and padding == 0
         )
+
+    def _rows(self, name: str, rows: np.ndarray, width: int) -> None:
+        if rows.ndim != 2 or rows.shape[1] != width or rows.dtype != np.uint8:
+            raise TransferError(
+                f"{name} must be [n, {width}] uint8 rows; got {rows.dtype} {rows.shape}"
+            )
 
     @property
     def identity(self) -> bool:
@@ -141,6 +158,8 @@ class CanonicalGroupPlan:
         `slots` of `canonical` (`[num_slots, canonical_block_bytes]` uint8, modified in
         place); `slots` are canonical page ids (writer rotation). Returns bytes written."""
         slots = np.asarray(slots, dtype=np.int64)
+        self._rows("canonical", canonical, self.canonical_block_bytes)
+        self._rows("data", data, self.local_block_bytes)
         if self._identity:
             copy_rows(canonical, slots, data, np.arange(slots.size), 1)
             return data.size
@@ -162,6 +181,8 @@ class CanonicalGroupPlan:
     def load(self, canonical: np.ndarray, slots: np.ndarray, out: np.ndarray) -> np.ndarray:
         """Reads rows `slots` of `canonical` into `out` (`[n, local_block_bytes]` uint8)."""
         slots = np.asarray(slots, dtype=np.int64)
+        self._rows("canonical", canonical, self.canonical_block_bytes)
+        self._rows("out", out, self.local_block_bytes)
         if self._identity:
             copy_rows(out, np.arange(slots.size), canonical, slots, 1)
             return out
@@ -171,6 +192,38 @@ class CanonicalGroupPlan:
         if self.padding:
             out[:, self.local_block_bytes - self.padding :] = 0
         return out
+
+
+def _check_run(
+    layer: int,
+    run: CopyRun,
+    m: CanonicalPageMapping,
+    lo: int,
+    co: int,
+    local_width: int,
+    canonical_width: int,
+) -> None:
+    """Every fragment of `run` inside its layer's pages, and the pages inside the rows."""
+    sizes = (run.fragment_size, run.num_fragments)
+    offsets = (run.local_offset, run.canonical_offset, run.local_stride, run.canonical_stride)
+    if min(sizes) < 1 or min(offsets) < 0:
+        raise TransferError(f"layer {layer}: a run needs positive sizes and offsets: {run}")
+    last = (run.num_fragments - 1, run.fragment_size)
+    local_end = run.local_offset + last[0] * run.local_stride + last[1]
+    canonical_end = run.canonical_offset + last[0] * run.canonical_stride + last[1]
+    if local_end > m.local_page_size_bytes or canonical_end > m.canonical_page_size_bytes:
+        raise TransferError(
+            f"layer {layer}: a run reaches byte {local_end} of a {m.local_page_size_bytes}-"
+            f"byte page and {canonical_end} of a {m.canonical_page_size_bytes}-byte "
+            f"canonical page: {run}"
+        )
+    if lo + m.local_page_size_bytes > local_width or co + m.canonical_page_size_bytes > (
+        canonical_width
+    ):
+        raise TransferError(
+            f"layer {layer}: its pages at {lo} / {co} do not fit rows of {local_width} / "
+            f"{canonical_width} bytes"
+        )
 
 
 def plan_for_group(

@@ -68,6 +68,15 @@ class StridedCopy:
             canonical_steps=(canonical_step, self.canonical_steps[1]),
         )
 
+    def contiguous(self) -> bool:
+        """Fragments back to back, layers back to back, on both sides."""
+        block = self.fragments * self.size
+        return all(
+            (self.fragments == 1 or steps[1] == self.size)
+            and (self.layers == 1 or steps[0] == block)
+            for steps in (self.local_steps, self.canonical_steps)
+        )
+
     @property
     def nbytes(self) -> int:
         return self.layers * self.fragments * self.size

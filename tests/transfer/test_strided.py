@@ -9,7 +9,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jax_kvoffload.config import FullAttentionSpec, KVTensorView, RankContext, layer_mapping
+from jax_kvoffload.config import (
+    CanonicalPageMapping,
+    CopyRun,
+    FullAttentionSpec,
+    KVTensorView,
+    RankContext,
+    layer_mapping,
+)
 from jax_kvoffload.transfer import (
     CanonicalGroupPlan,
     HostChunkPool,
@@ -209,3 +216,30 @@ def test_a_failing_piece_is_raised_after_every_piece_ended(monkeypatch):
     monkeypatch.setenv("JAX_KVOFFLOAD_COPY_THREADS", "many")
     with pytest.raises(ValueError, match="whole number"):
         _strided.copy_threads()
+
+
+def test_runs_outside_their_pages_or_rows_are_refused():
+    # Found in review: such runs used to write past the canonical rows.
+    past_page = CanonicalPageMapping(8, 8, (CopyRun(0, 8, 8, 1, 8, 8),))
+    with pytest.raises(TransferError, match="reaches byte 8 of a 8-byte page and 16"):
+        plan_for_group([past_page], [8])
+    whole = CanonicalPageMapping(16, 16, (CopyRun(0, 0, 16, 1, 16, 16),))
+    with pytest.raises(TransferError, match="do not fit rows"):
+        CanonicalGroupPlan([(whole, 0, 0)], 16, 8)
+    plan = CanonicalGroupPlan([(whole, 0, 0)], 16, 16)
+    with pytest.raises(TransferError, match=r"canonical must be \[n, 16\] uint8"):
+        plan.store(np.zeros((4, 8), np.uint8), np.array([0]), np.zeros((1, 16), np.uint8))
+    with pytest.raises(TransferError, match=r"out must be \[n, 16\]"):
+        plan.load(np.zeros((4, 16), np.uint8), np.array([0]), np.zeros((1, 16), np.int16))
+
+
+def test_a_transposing_mapping_is_not_taken_for_a_plain_copy():
+    # Local [2 heads, 2 tokens] of 2-byte rows -> canonical [2 tokens, 2 heads]: same
+    # widths, one folded family at offset 0, but not the identity (found in review).
+    runs = (CopyRun(0, 0, 2, 2, 2, 4), CopyRun(4, 2, 2, 2, 2, 4))
+    plan = plan_for_group([CanonicalPageMapping(8, 8, runs)], [8])
+    assert not plan.identity
+    canonical = np.zeros((1, 8), np.uint8)
+    plan.store(canonical, np.array([0]), np.arange(8, dtype=np.uint8)[None])
+    assert canonical[0].tolist() == [0, 1, 4, 5, 2, 3, 6, 7]
+    assert plan_for_group([CanonicalPageMapping(8, 8, (CopyRun(0, 0, 8, 1, 8, 8),))], [8]).identity
