@@ -154,31 +154,48 @@ _executor_workers = 0
 _executor_lock = threading.Lock()
 
 
+def _forget_pool() -> None:
+    # A forked child inherits the pool object but none of its threads: submitting to it
+    # would wait forever (found in review). The child builds its own on first use.
+    global _executor, _executor_workers, _executor_lock
+    _executor, _executor_workers, _executor_lock = None, 0, threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool)
+
+
 def _pool(workers: int) -> ThreadPoolExecutor:
     global _executor, _executor_workers
     with _executor_lock:
         if _executor is None or _executor_workers < workers:
-            # The old pool's threads finish what they hold and exit.
-            if _executor is not None:
-                _executor.shutdown(wait=False)
+            # Not shut down: another caller may be submitting to the old pool; its idle
+            # threads exit once it is collected.
             _executor = ThreadPoolExecutor(workers, thread_name_prefix="kv-copy")
             _executor_workers = workers
         return _executor
 
 
 def _run(tasks: list[Callable[[], None]]) -> None:
-    """Runs the tasks, the first on this thread; re-raises the first failure after all
-    have ended (no task is left writing into rows the caller may reuse)."""
-    if len(tasks) == 1:
-        tasks[0]()
-        return
-    pool = _pool(max(copy_threads() - 1, 1))
-    futures = [pool.submit(t) for t in tasks[1:]]
+    """Runs the tasks, the first on this thread and the others on the copy pool (or here,
+    when the pool refuses work, e.g. at interpreter exit); re-raises the first failure
+    only after every task has ended, so none is left writing into the caller's rows."""
+    futures = []
+    inline = tasks[:1]
+    if len(tasks) > 1:
+        pool = _pool(max(copy_threads() - 1, 1))
+        for i, task in enumerate(tasks[1:], start=1):
+            try:
+                futures.append(pool.submit(task))
+            except RuntimeError:  # shut down: run what is left on this thread
+                inline = [tasks[0], *tasks[i:]]
+                break
     error: BaseException | None = None
-    try:
-        tasks[0]()
-    except BaseException as e:  # re-raised below, once the others have ended
-        error = e
+    for task in inline:
+        try:
+            task()
+        except BaseException as e:  # re-raised below, once the others have ended
+            error = error or e
     for f in futures:
         e = f.exception()
         error = error or e

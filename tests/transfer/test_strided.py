@@ -4,6 +4,11 @@ slice path (runs of slots) and the fancy-index path (scattered slots)."""
 
 from __future__ import annotations
 
+import os
+import signal
+import time
+import warnings
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -243,3 +248,43 @@ def test_a_transposing_mapping_is_not_taken_for_a_plain_copy():
     plan.store(canonical, np.array([0]), np.arange(8, dtype=np.uint8)[None])
     assert canonical[0].tolist() == [0, 1, 4, 5, 2, 3, 6, 7]
     assert plan_for_group([CanonicalPageMapping(8, 8, (CopyRun(0, 0, 8, 1, 8, 8),))], [8]).identity
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_copies_with_its_own_threads(monkeypatch):
+    from jax_kvoffload.transfer import _strided
+
+    monkeypatch.setenv("JAX_KVOFFLOAD_COPY_THREADS", "3")
+    monkeypatch.setattr(_strided, "_PARALLEL_BYTES", 64)
+    src = np.arange(4096, dtype=np.uint8).reshape(64, 64)
+    dst = np.zeros_like(src)
+    _strided.copy_rows(dst, np.arange(64), src, np.arange(64), 1)  # the parent's pool
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads alive
+        pid = os.fork()
+    if pid == 0:  # child: the inherited pool has no threads; this used to hang
+        out = np.zeros_like(src)
+        _strided.copy_rows(out, np.arange(64), src, np.arange(64), 1)
+        os._exit(0 if (out == src).all() else 1)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            assert os.waitstatus_to_exitcode(status) == 0
+            return
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGKILL)
+    pytest.fail("the forked child hung copying")
+
+
+def test_a_pool_that_refuses_work_leaves_the_copy_to_this_thread(monkeypatch):
+    from jax_kvoffload.transfer import _strided
+
+    class Refusing:
+        def submit(self, fn):
+            raise RuntimeError("cannot schedule new futures after shutdown")
+
+    monkeypatch.setattr(_strided, "_pool", lambda workers: Refusing())
+    ran = []
+    _strided._run([lambda i=i: ran.append(i) for i in range(4)])
+    assert ran == [0, 1, 2, 3]
