@@ -68,10 +68,12 @@ class HostChunkPool:
         # Groups one after another, in the order given: every process that builds the
         # pool from the same arguments over a shared buffer sees the same rows.
         need = self.nbytes_for(self.num_chunks, self.bytes_per_block, self.blocks_per_chunk)
-        if buffer.dtype != np.uint8 or buffer.ndim != 1 or buffer.size < need:
+        ok = buffer.dtype == np.uint8 and buffer.ndim == 1 and buffer.size >= need
+        if not ok or not buffer.flags.c_contiguous or not buffer.flags.writeable:
+            # A strided buffer would make reshape copy: rows in private memory, silently.
             raise HostPoolError(
-                f"buffer must be 1-D uint8 of at least {need} bytes; got {buffer.dtype} "
-                f"{buffer.shape}"
+                f"buffer must be 1-D, contiguous, writable uint8 of at least {need} bytes; "
+                f"got {buffer.dtype} {buffer.shape} strides {buffer.strides}"
             )
         rows, at = {}, 0
         for g, b in self.bytes_per_block.items():
@@ -149,6 +151,11 @@ class HostChunkPool:
         """Reads `n_blocks` block slots starting at slot `first` into `out` (`[n, bytes]`)."""
         # Slices per run of consecutive slots: np.take(out=...) would stage through a
         # temporary (measured 2-3x slower for 64 MiB on the 2-core CI machine).
+        width = self.bytes_per_block.get(group)
+        if out.shape != (n_blocks, width) or out.dtype != np.uint8:
+            raise HostPoolError(
+                f"out must be [{n_blocks}, {width}] uint8; got {out.dtype} {out.shape}"
+            )
         slots = self._slots(group, chunk_ids, first, n_blocks)
         copy_rows(out, np.arange(n_blocks), self._flat(group), slots, 1)
         return out

@@ -12,11 +12,16 @@ worker processes. `SharedHostRegion` maps one file of the POSIX shared-memory mo
   it and is reclaimed by the kernel when the last one unmaps or exits.
 * A name left by a crashed run (its creator dead, count never completed) is replaced.
 * Every process must ask for the same size; a mismatch is an error naming both sizes.
+* Opening, replacing a stale file and counting happen under the file's `flock`, and a
+  name is removed only while it still points at the file checked (no process removes a
+  newer run's file). The memory is reserved when the file is made (`posix_fallocate`), so
+  a shared-memory mount too small fails with an error instead of a SIGBUS later.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import logging
 import mmap
@@ -85,51 +90,76 @@ class SharedHostRegion:
         self.nbytes = nbytes
         self.created = False
         fd = self._open_or_create(nbytes, expected_attachments)
-        self._inode = os.fstat(fd).st_ino
         try:
+            self._inode = os.fstat(fd).st_ino
             self._mmap = mmap.mmap(fd, HEADER_BYTES + nbytes, mmap.MAP_SHARED)
-            self._attach(fd, expected_attachments)
         finally:
             os.close(fd)
         self.array = np.frombuffer(self._mmap, dtype=np.uint8, offset=HEADER_BYTES, count=nbytes)
 
     def _open_or_create(self, nbytes: int, expected: int) -> int:
-        for _ in range(3):
-            with contextlib.suppress(FileNotFoundError):
+        """An fd of the region this process has attached to (counted in its header)."""
+        for _ in range(5):
+            try:
                 fd = os.open(self.path, os.O_RDWR)
-                if self._usable(fd, nbytes, expected):
+            except FileNotFoundError:
+                fd = self._create(nbytes, expected)
+                if fd is None:
+                    continue  # another process published first: join theirs
+            try:
+                if self._attach(fd, nbytes, expected):
                     return fd
+            except BaseException:
                 os.close(fd)
-                continue
-            fd = self._create(nbytes, expected)
-            if fd is not None:
-                return fd
-        raise SharedRegionError(f"could not create or join {self.path} (raced 3 times)")
+                raise
+            os.close(fd)  # stale or full: replaced, try again
+        raise SharedRegionError(f"could not create or join {self.path} (raced 5 times)")
 
-    def _usable(self, fd: int, nbytes: int, expected: int) -> bool:
-        """Checks a published file; replaces it (returns False) when a crashed run left it."""
-        header = os.pread(fd, _HEADER.size, 0)
-        magic, size, creator, want, attached = _HEADER.unpack(header)
-        if magic != _MAGIC:
-            raise SharedRegionError(f"{self.path} exists but is not a jax_kvoffload region")
-        if not _pid_alive(creator) or attached >= want:
-            logger.warning("replacing stale shared region %s (creator %d gone)", self.path, creator)
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.path)
+    def _ours(self, fd: int) -> bool:
+        """The name still points at the file behind `fd` (not a newer run's file)."""
+        try:
+            return os.stat(self.path).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
             return False
-        if (size, want) != (nbytes, expected):
-            raise SharedRegionError(
-                f"{self.path} holds {size} bytes for {want} processes but this process "
-                f"asks for {nbytes} bytes for {expected}; every worker must size the "
-                "region alike (same config, same KV cache layout)"
-            )
-        return True
+
+    def _attach(self, fd: int, nbytes: int, expected: int) -> bool:
+        """Under the file's lock: checks the header, then counts this process in, and the
+        process completing the count removes the name. Returns False (after removing the
+        name if it is still this file's) when the file is a crashed run's or is full."""
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            magic, size, creator, want, attached = _HEADER.unpack(os.pread(fd, _HEADER.size, 0))
+            if magic != _MAGIC:
+                raise SharedRegionError(f"{self.path} exists but is not a jax_kvoffload region")
+            if not _pid_alive(creator) or attached >= want:
+                if self._ours(fd):
+                    logger.warning("replacing stale shared region %s", self.path)
+                    os.unlink(self.path)
+                return False
+            if (size, want) != (nbytes, expected):
+                raise SharedRegionError(
+                    f"{self.path} holds {size} bytes for {want} processes but this process "
+                    f"asks for {nbytes} bytes for {expected}; every worker must size the "
+                    "region alike (same config, same KV cache layout)"
+                )
+            attached += 1
+            os.pwrite(fd, _HEADER.pack(magic, size, creator, want, attached), 0)
+            self.attached_as = attached
+            if attached == want and self._ours(fd):
+                os.unlink(self.path)
+            return True
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
 
     def _create(self, nbytes: int, expected: int) -> int | None:
+        """Builds the file under a private name and publishes it; None if another process
+        published first."""
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)  # left by a crashed process that had our pid
         fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
         try:
-            os.ftruncate(fd, HEADER_BYTES + nbytes)
+            self._reserve(fd, HEADER_BYTES + nbytes)
             os.pwrite(fd, _HEADER.pack(_MAGIC, nbytes, os.getpid(), expected, 0), 0)
             try:
                 os.link(tmp, self.path)  # atomic publish
@@ -145,18 +175,22 @@ class SharedHostRegion:
         finally:
             os.unlink(tmp)
 
-    def _attach(self, fd: int, expected: int) -> None:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+    def _reserve(self, fd: int, size: int) -> None:
+        """Sizes the file and claims its memory now: a tmpfs too small for it would
+        otherwise kill the process with SIGBUS at the first store past its end."""
+        os.ftruncate(fd, size)
+        if not hasattr(os, "posix_fallocate"):
+            return
         try:
-            magic, size, creator, want, attached = _HEADER.unpack_from(self._mmap, 0)
-            attached += 1
-            _HEADER.pack_into(self._mmap, 0, magic, size, creator, want, attached)
-            self.attached_as = attached
-            if attached == expected:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(self.path)
-        finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.posix_fallocate(fd, 0, size)
+        except OSError as e:
+            if e.errno in (errno.EINVAL, errno.EOPNOTSUPP):
+                return  # the filesystem cannot preallocate: sized by ftruncate only
+            raise SharedRegionError(
+                f"cannot reserve {size} bytes in {self.path.parent} ({e.strerror}); give the "
+                "shared-memory mount more room (docker: --shm-size or --ipc=host) or lower "
+                "cpu_bytes_to_use"
+            ) from e
 
     def close(self) -> None:
         """Unmaps this process's view (idempotent) and, if this process made the region

@@ -91,3 +91,44 @@ def test_closing_with_live_views_still_removes_an_incomplete_name(tmp_path):
     region.close()
     assert not (tmp_path / "views").exists()
     assert (rows == 7).all()  # still mapped while the view lives
+
+
+def _stale_file(path, size=4096, want=2, attached=1):
+    from jax_kvoffload.transfer._shared_region import _HEADER, HEADER_BYTES
+
+    dead = 2**31 - 2  # no such pid
+    path.write_bytes(
+        _HEADER.pack(b"JAXKVSHM", size, dead, want, attached).ljust(HEADER_BYTES + size, b"\0")
+    )
+
+
+def test_a_late_replacer_never_removes_the_newer_region(tmp_path):
+    # Two processes find a crashed run's file; the first replaces it. The second, still
+    # holding the old file, must not unlink the name now pointing at the new one.
+    _stale_file(tmp_path / "r")
+    old = os.open(tmp_path / "r", os.O_RDWR)
+    first = SharedHostRegion("r", 4096, 2, directory=tmp_path)
+    second = object.__new__(SharedHostRegion)
+    second.path = tmp_path / "r"
+    try:
+        assert second._attach(old, 4096, 2) is False  # stale, and no longer the name
+        assert (tmp_path / "r").exists()
+        joined = SharedHostRegion("r", 4096, 2, directory=tmp_path)
+        first.array[0] = 9
+        assert joined.array[0] == 9  # both on the new region
+        joined.close()
+    finally:
+        os.close(old)
+        first.close()
+
+
+def test_a_mount_too_small_is_an_error_not_a_sigbus_later(tmp_path, monkeypatch):
+    import errno
+
+    def full(fd, offset, size):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "posix_fallocate", full, raising=False)
+    with pytest.raises(SharedRegionError, match="--shm-size"):
+        SharedHostRegion("big", 1 << 20, 2, directory=tmp_path)
+    assert os.listdir(tmp_path) == []

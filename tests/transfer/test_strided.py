@@ -5,9 +5,8 @@ slice path (runs of slots) and the fancy-index path (scattered slots)."""
 from __future__ import annotations
 
 import os
-import signal
-import time
-import warnings
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -250,31 +249,39 @@ def test_a_transposing_mapping_is_not_taken_for_a_plain_copy():
     assert plan_for_group([CanonicalPageMapping(8, 8, (CopyRun(0, 0, 8, 1, 8, 8),))], [8]).identity
 
 
-@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
-def test_a_forked_child_copies_with_its_own_threads(monkeypatch):
-    from jax_kvoffload.transfer import _strided
+FORK_SCRIPT = """
+import os, signal, sys, time
+import numpy as np
+from jax_kvoffload.transfer import _strided
 
-    monkeypatch.setenv("JAX_KVOFFLOAD_COPY_THREADS", "3")
-    monkeypatch.setattr(_strided, "_PARALLEL_BYTES", 64)
-    src = np.arange(4096, dtype=np.uint8).reshape(64, 64)
-    dst = np.zeros_like(src)
-    _strided.copy_rows(dst, np.arange(64), src, np.arange(64), 1)  # the parent's pool
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads alive
-        pid = os.fork()
-    if pid == 0:  # child: the inherited pool has no threads; this used to hang
-        out = np.zeros_like(src)
-        _strided.copy_rows(out, np.arange(64), src, np.arange(64), 1)
-        os._exit(0 if (out == src).all() else 1)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            assert os.waitstatus_to_exitcode(status) == 0
-            return
-        time.sleep(0.05)
-    os.kill(pid, signal.SIGKILL)
-    pytest.fail("the forked child hung copying")
+os.environ["JAX_KVOFFLOAD_COPY_THREADS"] = "2"  # one pool thread: the child reuses it
+_strided._PARALLEL_BYTES = 64  # split even tiny copies
+src = np.arange(4096, dtype=np.uint8).reshape(64, 64)
+dst = np.zeros_like(src)
+_strided.copy_rows(dst, np.arange(64), src, np.arange(64), 1)  # the parent's pool
+pid = os.fork()
+if pid == 0:  # the inherited pool has no threads: this used to hang
+    out = np.zeros_like(src)
+    _strided.copy_rows(out, np.arange(64), src, np.arange(64), 1)
+    os._exit(0 if (out == src).all() else 1)
+deadline = time.monotonic() + 30
+while time.monotonic() < deadline:
+    done, status = os.waitpid(pid, os.WNOHANG)
+    if done:
+        sys.exit(os.waitstatus_to_exitcode(status))
+    time.sleep(0.05)
+os.kill(pid, signal.SIGKILL)
+sys.exit("the forked child hung copying")
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_copies_with_its_own_threads():
+    # In a fresh process: forking this one (jax running) trips jax's own fork warning.
+    done = subprocess.run(
+        [sys.executable, "-c", FORK_SCRIPT], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
 
 
 def test_a_pool_that_refuses_work_leaves_the_copy_to_this_thread(monkeypatch):
@@ -288,3 +295,11 @@ def test_a_pool_that_refuses_work_leaves_the_copy_to_this_thread(monkeypatch):
     ran = []
     _strided._run([lambda i=i: ran.append(i) for i in range(4)])
     assert ran == [0, 1, 2, 3]
+
+
+def test_pools_refuse_buffers_and_outputs_that_would_copy_or_cast():
+    with pytest.raises(HostPoolError, match="contiguous, writable"):
+        HostChunkPool(2, {0: 8}, 1, buffer=np.zeros(64, np.uint8)[::2])
+    pool = HostChunkPool(2, {0: 8}, 1)
+    with pytest.raises(HostPoolError, match=r"out must be \[1, 8\] uint8"):
+        pool.read_blocks(0, [0], 0, 1, np.zeros((1, 8), np.int16))
