@@ -80,6 +80,8 @@ class TorchKVWorker:
         `CanonicalPoolView`); its `bytes_per_block[t]` must be tensor t's page bytes.
       on_shutdown: called once after `shutdown` has drained every job (e.g. to unmap a
         shared host region).
+      not_ready: returns why jobs cannot run yet (e.g. not every rank has mapped the
+        shared region), or None; while it gives a reason, jobs end as failures.
     """
 
     def __init__(
@@ -94,6 +96,7 @@ class TorchKVWorker:
         max_bucket: int = 256,
         pool: Any = None,
         on_shutdown: Any = None,
+        not_ready: Any = None,
     ) -> None:
         self._pages = [raw_pages(t) for t, _ in tensors]
         for i, ((t, page), rp) in enumerate(zip(tensors, self._pages, strict=True)):
@@ -121,6 +124,7 @@ class TorchKVWorker:
             )
         self.pool = pool
         self._on_shutdown = on_shutdown
+        self._not_ready = not_ready
         caches = {
             i: GroupCaches([to_jax(rp.rows)], pk.KVLayout.raw()) for i, rp in enumerate(self._pages)
         }
@@ -138,6 +142,8 @@ class TorchKVWorker:
     def submit_store(self, job_id: int, src_spec: Any, dst_spec: Any) -> bool:
         """Device blocks (`src_spec`: ids, group_sizes, block_indices) -> host chunks."""
         moves, size = self._plan(src_spec, dst_spec, src_is_device=True)
+        if self._refused(job_id, size):
+            return True
         for t in {m.tensor for m in moves}:
             _sync_device(self._tensors[t])
         transfers = [
@@ -157,6 +163,8 @@ class TorchKVWorker:
     ) -> bool:
         """Host chunks (`src_spec`) -> device blocks (`dst_spec`); returns at once."""
         moves, size = self._plan(dst_spec, src_spec, src_is_device=False)
+        if self._refused(job_id, size):
+            return True
         queue = "expedited" if expedited else "load"
         future = self._threads[queue].submit(self._run_load, moves)
         self._loads[queue].append(_Load(job_id, future, size, time.perf_counter()))
@@ -207,6 +215,18 @@ class TorchKVWorker:
             self._group_refs,
             self._bpc,
         )
+
+    def _refused(self, job_id: int, size: int) -> bool:
+        """Ends the job as a failure while `not_ready` gives a reason (logged)."""
+        if self._not_ready is None:
+            return False
+        reason = self._not_ready()
+        if reason is None:
+            self._not_ready = None  # ready for good
+            return False
+        logger.error("job %d refused: %s", job_id, reason)
+        self._ready.append(self._result_type(job_id, False, size, 0.0))
+        return True
 
     def _rows(self, move: TensorMove) -> np.ndarray:
         return self._pages[move.tensor].rows_of(move.block_ids)

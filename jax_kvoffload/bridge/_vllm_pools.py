@@ -18,6 +18,7 @@ worker pool is built).
 from __future__ import annotations
 
 import logging
+import os
 import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -111,7 +112,27 @@ def tensor_mappings(
 
 
 def region_name(engine_id: str) -> str:
-    return "jax_kvoffload_" + re.sub(r"[^A-Za-z0-9_.-]", "_", engine_id or "engine")
+    """One name per engine and user (files are 0600: another user's would not open)."""
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", engine_id or "engine")
+    return f"jax_kvoffload_{os.getuid() if hasattr(os, 'getuid') else 0}_{safe}"
+
+
+def group_missing(region: SharedHostRegion | None) -> str | None:
+    """Why the workers cannot use the shared region yet, or None when all have joined.
+
+    Every rank of the group must map the region before pages are stored or loaded: with
+    writer rotation a rank's loads read bytes other ranks wrote. Ranks on another host
+    never join (a region is one host's memory), so canonical pages across hosts fail
+    here instead of loading bytes nobody wrote."""
+    if region is None:
+        return None
+    attached, want = region.attachments()
+    if attached >= want:
+        return None
+    return (
+        f"only {attached} of the {want} worker processes have mapped the shared host region "
+        f"{region.path}; every rank of the group must run on this host (shared memory)"
+    )
 
 
 def canonical_worker_pool(

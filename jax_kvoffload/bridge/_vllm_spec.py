@@ -13,7 +13,11 @@ import functools
 import logging
 from typing import Any
 
-from jax_kvoffload.bridge._vllm_pools import canonical_worker_pool, shared_direct_pool
+from jax_kvoffload.bridge._vllm_pools import (
+    canonical_worker_pool,
+    group_missing,
+    shared_direct_pool,
+)
 from jax_kvoffload.config import OffloadingConfig
 from jax_kvoffload.store import HostStore, cpu_tier_capacity
 
@@ -81,6 +85,7 @@ def build_spec_classes() -> dict[str, type]:
                 result_type=base.TransferResult,
                 pool=pool,
                 on_shutdown=None if region is None else region.close,
+                not_ready=None if region is None else functools.partial(group_missing, region),
             )
 
     class JaxOffloadingSpec(base.OffloadingSpec):

@@ -192,6 +192,13 @@ class SharedHostRegion:
                 "cpu_bytes_to_use"
             ) from e
 
+    def attachments(self) -> tuple[int, int]:
+        """`(attached, expected)`: how many processes have joined so far, of how many."""
+        if self._mmap is None:
+            raise SharedRegionError(f"{self.path} is closed")
+        _, _, _, want, attached = _HEADER.unpack_from(self._mmap, 0)
+        return attached, want
+
     def close(self) -> None:
         """Unmaps this process's view (idempotent) and, if this process made the region
         and not every expected process attached, removes its name. With numpy views of

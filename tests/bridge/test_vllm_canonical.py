@@ -313,12 +313,13 @@ def test_replicated_mla_pages_are_one_copy_written_by_rank_0_and_read_by_all():
 
 
 def _rank_process(form, tp, rank, heads, engine_id, barrier, rows_out):
-    """One vLLM worker process: stores its shard into the shared region, waits for the
-    other ranks, hands rank 0's view of the rows to the parent, then loads its shard."""
+    """One vLLM worker process: maps the region, stores its shard once every rank has,
+    waits for the others, hands rank 0's view of the rows to the parent, then loads."""
     v = _vllm()
     full = full_caches(v, form, heads)
     caches = [shard(form, f, tp, rank, heads) for f in full]
     _, worker = rank_worker(v, form, tp, rank, heads, caches, engine_id)
+    barrier.wait(120)  # vLLM serves only once every worker has registered its caches
     run(worker, 1, "store", BLOCKS, CHUNKS, v)
     barrier.wait(120)
     if rank == 0:
@@ -359,3 +360,25 @@ def test_worker_processes_share_one_region_of_canonical_pages():
     assert [p.exitcode for p in procs] == [0] * tp
     for g, want in zip(got, reference, strict=True):
         np.testing.assert_array_equal(np.frombuffer(g, np.uint8).reshape(want.shape), want)
+
+
+@vllm_only
+def test_jobs_fail_until_every_rank_has_mapped_the_region(caplog):
+    # A rank alone (its peers on another host, or not started): storing would leave
+    # rotated blocks nobody writes, so jobs end as failures until the group is complete.
+    v = _vllm()
+    form, tp, heads = "split-nhd", 2, 2  # GQA: writers rotate
+    full = full_caches(v, form, heads)
+    engine = f"alone{next(_ids)}"
+    caches0 = [shard(form, f, tp, 0, heads) for f in full]
+    _, w0 = rank_worker(v, form, tp, 0, heads, caches0, engine)
+    gpu = v.base.GPULoadStoreSpec(BLOCKS, [len(BLOCKS)], [0])
+    assert w0.submit_store(1, gpu, v.CPU(np.asarray(CHUNKS, dtype=np.int64)))
+    (r,) = w0.get_finished()
+    assert (r.job_id, r.success) == (1, False)
+    assert "only 1 of the 2 worker processes" in caplog.text
+    caches1 = [shard(form, f, tp, 1, heads) for f in full]
+    _, w1 = rank_worker(v, form, tp, 1, heads, caches1, engine)
+    assert run(w0, 2, "store", BLOCKS, CHUNKS, v).success
+    w0.shutdown()
+    w1.shutdown()
