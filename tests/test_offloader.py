@@ -20,6 +20,7 @@ from jax_kvoffload.config import (
     KVCacheGroupSpec,
     KVTransferConfig,
     ModelConfig,
+    ParallelConfig,
     SlidingWindowSpec,
     build_offloading_config,
 )
@@ -29,16 +30,17 @@ NB, BS, H, D = 16, 4, 2, 8
 BLOCK_BYTES = 2 * BS * H * D * 2  # two uint16 layers
 
 
-def config(bpc=2, budget=1 << 20, window=None, extra=None):
-    common = dict(block_size=BS, num_kv_heads=H, head_size=D, dtype="uint16")
+def config(bpc=2, budget=1 << 20, window=None, extra=None, heads=H, tp=1):
+    common = dict(block_size=BS, num_kv_heads=heads // tp, head_size=D, dtype="uint16")
     spec = (
         FullAttentionSpec(**common)
         if window is None
         else SlidingWindowSpec(**common, sliding_window=window)
     )
     engine = EngineConfig(
-        model_config=ModelConfig(model="m", dtype="float16", total_num_kv_heads=H),
+        model_config=ModelConfig(model="m", dtype="float16", total_num_kv_heads=heads),
         cache_config=CacheConfig(block_size=BS),
+        parallel_config=ParallelConfig(tensor_parallel_size=tp),
         kv_transfer_config=KVTransferConfig(
             kv_connector_extra_config={
                 "cpu_bytes_to_use": budget,

@@ -216,6 +216,16 @@ def host_rows(worker):
 BLOCKS, CHUNKS = [7, 2, 5, 0], [3, 1]  # 2 blocks per chunk
 
 
+def reload_own_shard(v, worker, caches, job):
+    """Zeroes the rank's caches, loads BLOCKS back from the host, checks the bytes."""
+    before = [c.clone() for c in caches]
+    for c in caches:
+        c.view(v.torch.int16).zero_()
+    run(worker, job, "load", BLOCKS, CHUNKS, v)
+    for c, b in zip(caches, before, strict=True):
+        assert v.torch.equal(c[BLOCKS].view(v.torch.int16), b[BLOCKS].view(v.torch.int16))
+
+
 @vllm_only
 @pytest.mark.parametrize(
     ("form", "heads", "tp", "tp_load"),
@@ -246,12 +256,7 @@ def test_ranks_store_tp1_pages_and_another_tp_loads_them(form, heads, tp, tp_loa
         np.testing.assert_array_equal(got, want)
     # Each rank loads its shard back into zeroed caches.
     for caches, _, worker in ranks:
-        before = [c.clone() for c in caches]
-        for c in caches:
-            c.view(v.torch.int16).zero_()
-        run(worker, 3, "load", BLOCKS, CHUNKS, v)
-        for c, b in zip(caches, before, strict=True):
-            assert v.torch.equal(c[BLOCKS].view(v.torch.int16), b[BLOCKS].view(v.torch.int16))
+        reload_own_shard(v, worker, caches, job=3)
     # A TP=tp_load group loads the same host bytes (as a secondary tier would hand them).
     others = group(v, form, tp_load, heads, [f.clone().zero_() for f in full], f"x{next(_ids)}")
     pool = others[0][2].pool.pool
@@ -324,12 +329,7 @@ def _rank_process(form, tp, rank, heads, engine_id, barrier, rows_out):
     barrier.wait(120)
     if rank == 0:
         rows_out.put([r.tobytes() for r in host_rows(worker)])
-    before = [c.clone() for c in caches]
-    for c in caches:
-        c.view(v.torch.int16).zero_()
-    run(worker, 2, "load", BLOCKS, CHUNKS, v)
-    for c, b in zip(caches, before, strict=True):
-        assert v.torch.equal(c[BLOCKS].view(v.torch.int16), b[BLOCKS].view(v.torch.int16))
+    reload_own_shard(v, worker, caches, job=2)
     barrier.wait(120)  # nobody unmaps before every rank has loaded
     worker.shutdown()
 

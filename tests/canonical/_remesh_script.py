@@ -1,4 +1,4 @@
-"""Run in a subprocess with 4 simulated CPU devices (see test_remesh.py).
+"""Run in a subprocess with 4 simulated CPU devices (see test_global_mesh.py).
 
 A JAX engine with canonical pages changes its tensor-parallel size while it runs: the
 `KVOffloader` stores a prefix from caches sharded over 2 devices, the engine moves to
@@ -19,42 +19,9 @@ from jax.sharding import PartitionSpec as P
 
 import pallas_kernels as pk
 from jax_kvoffload import GroupCaches, KVOffloader
-from jax_kvoffload.config import (
-    CacheConfig,
-    EngineConfig,
-    FullAttentionSpec,
-    KVCacheConfig,
-    KVCacheGroupSpec,
-    KVTransferConfig,
-    ModelConfig,
-    ParallelConfig,
-    build_offloading_config,
-)
+from tests.test_offloader import BS, NB, D, config
 
-NB, BS, H, D = 16, 4, 4, 8
-
-
-def config():
-    spec = FullAttentionSpec(block_size=BS, num_kv_heads=H // 2, head_size=D, dtype="uint16")
-    engine = EngineConfig(
-        model_config=ModelConfig(model="m", dtype="float16", total_num_kv_heads=H),
-        cache_config=CacheConfig(block_size=BS),
-        parallel_config=ParallelConfig(tensor_parallel_size=2),
-        kv_transfer_config=KVTransferConfig(
-            kv_connector_extra_config={
-                "cpu_bytes_to_use": 1 << 20,
-                "blocks_per_chunk": 2,
-                "canonical_layout": True,
-            },
-            engine_id="e",
-        ),
-    )
-    kv = KVCacheConfig(
-        num_blocks=NB,
-        kv_cache_tensors=(),
-        kv_cache_groups=(KVCacheGroupSpec(layer_names=("l0", "l1"), kv_cache_spec=spec),),
-    )
-    return build_offloading_config(engine, kv)
+H = 4  # KV heads in total, 2 per rank of the TP=2 config
 
 
 def on_mesh(arrays, n):
@@ -63,7 +30,7 @@ def on_mesh(arrays, n):
 
 
 def main():
-    cfg = config()
+    cfg = config(extra={"canonical_layout": True}, heads=H, tp=2)
     assert cfg.canonical_layout and cfg.parallel.is_parallelism_agnostic, cfg
     rng = np.random.default_rng(0)
     full = [rng.integers(0, 2**16, (NB, BS, H, D), dtype=np.uint16) for _ in range(2)]

@@ -1,7 +1,8 @@
 """JAX-native canonical pages from global arrays sharded over 1-8 simulated CPU devices.
 
-Runs `_mesh_script.py` in a subprocess: XLA's device count is fixed when jax initialises,
-and this pytest process already initialised it with one device."""
+Runs `_mesh_script.py` and `_remesh_script.py` in subprocesses (each sets its device
+count): XLA's device count is fixed when jax initialises, and this pytest process already
+initialised it with one device."""
 
 from __future__ import annotations
 
@@ -20,19 +21,28 @@ from jax_kvoffload.transfer import GroupCaches, TransferError, check_global_cach
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_same_chunks_from_every_mesh():
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8")
+def run_script(module: str) -> list[str]:
+    """Runs `python -m <module>` from the checkout; returns its output words."""
     proc = subprocess.run(
-        [sys.executable, "-m", "tests.canonical._mesh_script"],
+        [sys.executable, "-m", module],
         cwd=ROOT,
-        env=env,
+        env=dict(os.environ),
         capture_output=True,
         text=True,
         timeout=300,
         check=False,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
-    assert proc.stdout.split()[-2:] == ["ok", "15"], proc.stdout
+    return proc.stdout.split()
+
+
+def test_same_chunks_from_every_mesh():
+    assert run_script("tests.canonical._mesh_script")[-2:] == ["ok", "15"]
+
+
+def test_a_prefix_stored_on_2_devices_loads_on_4_and_on_1():
+    # The engine changes its TP size at run time and keeps its offloaded prefix.
+    assert run_script("tests.canonical._remesh_script")[-1:] == ["ok"]
 
 
 def test_a_per_device_shard_is_not_a_global_view():
