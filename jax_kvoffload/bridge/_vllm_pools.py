@@ -147,12 +147,7 @@ def canonical_worker_pool(
     worker process). `page_bytes[t]` is tensor t's padded page (its host row per block)."""
     # Imported here: `jax_kvoffload.bridge.vllm` (loaded by vLLM's scheduler too) stays
     # free of JAX until a worker is built.
-    from jax_kvoffload.transfer import (
-        CanonicalPoolView,
-        HostChunkPool,
-        SharedHostRegion,
-        plan_for_padded_page,
-    )
+    from jax_kvoffload.transfer import CanonicalPoolView, plan_for_padded_page
 
     mappings, portable = tensor_mappings(kv_caches, config)
     missing = sorted(set(range(len(page_bytes))) - set(mappings))
@@ -165,19 +160,12 @@ def canonical_worker_pool(
         )
     plans = {t: plan_for_padded_page(mappings[t], page_bytes[t]) for t in sorted(mappings)}
     widths = {t: p.canonical_block_bytes for t, p in plans.items()}
-    world = max(config.parallel.world_size, 1)
-    region = None
-    if world > 1:
-        nbytes = HostChunkPool.nbytes_for(num_chunks, widths, blocks_per_chunk)
-        region = SharedHostRegion(region_name(config.engine_id), nbytes, world)
-        pool = HostChunkPool(num_chunks, widths, blocks_per_chunk, buffer=region.array)
-    else:
-        pool = HostChunkPool(num_chunks, widths, blocks_per_chunk)
+    pool, region = _pool(config, "", num_chunks, widths, blocks_per_chunk)
     logger.info(
         "canonical host pages: rank %d of %d, %d tensors, %d canonical bytes per block, "
         "all layers portable: %s",
         config.parallel.rank,
-        world,
+        config.parallel.world_size,
         len(plans),
         sum(widths.values()),
         portable,
@@ -191,19 +179,33 @@ def shared_direct_pool(
     num_chunks: int,
     blocks_per_chunk: int,
     page_bytes: Sequence[int],
-) -> tuple[HostChunkPool, SharedHostRegion]:
+) -> tuple[HostChunkPool, SharedHostRegion | None]:
     """One pool of direct pages (`page_bytes[t]` per block of tensor t) in a region that
     every worker process of the engine maps (`world_size` of them)."""
-    from jax_kvoffload.transfer import HostChunkPool, SharedHostRegion
-
     widths = dict(enumerate(page_bytes))
-    nbytes = HostChunkPool.nbytes_for(num_chunks, widths, blocks_per_chunk)
-    world = max(config.parallel.world_size, 1)
-    region = SharedHostRegion(region_name(config.engine_id) + "_replicated", nbytes, world)
-    pool = HostChunkPool(num_chunks, widths, blocks_per_chunk, buffer=region.array)
+    pool, region = _pool(config, "_replicated", num_chunks, widths, blocks_per_chunk)
     logger.info(
         "replicated host pages: one copy for %d workers (%d bytes per block)",
-        world,
+        config.parallel.world_size,
         sum(widths.values()),
     )
     return pool, region
+
+
+def _pool(
+    config: OffloadingConfig,
+    suffix: str,
+    num_chunks: int,
+    widths: dict[int, int],
+    blocks_per_chunk: int,
+) -> tuple[HostChunkPool, SharedHostRegion | None]:
+    """A pool of `widths` rows, over a region every worker maps when there are several
+    (named after the engine, plus `suffix`), else in this process's own memory."""
+    from jax_kvoffload.transfer import HostChunkPool, SharedHostRegion
+
+    world = config.parallel.world_size
+    if world <= 1:
+        return HostChunkPool(num_chunks, widths, blocks_per_chunk), None
+    nbytes = HostChunkPool.nbytes_for(num_chunks, widths, blocks_per_chunk)
+    region = SharedHostRegion(region_name(config.engine_id) + suffix, nbytes, world)
+    return HostChunkPool(num_chunks, widths, blocks_per_chunk, buffer=region.array), region

@@ -116,8 +116,21 @@ class KVCacheSpec(abc.ABC):
         """Bytes one layer allocates per block (padding included)."""
 
 
+class _PaddedPage:
+    """`page_size_bytes` of a spec with `page_size_padded` over its `real_page_size_bytes`."""
+
+    page_size_padded: int | None
+    real_page_size_bytes: int
+
+    @property
+    def page_size_bytes(self) -> int:
+        if self.page_size_padded is not None:
+            return self.page_size_padded
+        return self.real_page_size_bytes
+
+
 @dataclass(frozen=True, kw_only=True)
-class AttentionSpec(KVCacheSpec):
+class AttentionSpec(_PaddedPage, KVCacheSpec):
     """Paged attention KV: `num_heads * num_states * state_content_size_bytes` per page."""
 
     dcp_sharded: bool = True
@@ -166,11 +179,6 @@ class AttentionSpec(KVCacheSpec):
     def real_page_size_bytes(self) -> int:
         return self.num_heads * self.num_states * self.state_content_size_bytes
 
-    @property
-    def page_size_bytes(self) -> int:
-        if self.page_size_padded is not None:
-            return self.page_size_padded
-        return self.real_page_size_bytes
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -297,7 +305,7 @@ class RSWASpec(FullAttentionSpec):
 
 
 @dataclass(frozen=True, kw_only=True)
-class MambaSpec(KVCacheSpec):
+class MambaSpec(_PaddedPage, KVCacheSpec):
     """Recurrent state: one page holds every state tensor of `shapes` / `dtypes`."""
 
     shapes: tuple[tuple[int, ...], ...]
@@ -336,11 +344,6 @@ class MambaSpec(KVCacheSpec):
             for shape, dtype in zip(self.shapes, self.dtypes, strict=True)
         )
 
-    @property
-    def page_size_bytes(self) -> int:
-        if self.page_size_padded is not None:
-            return self.page_size_padded
-        return self.real_page_size_bytes
 
 
 @dataclass(frozen=True, kw_only=True)

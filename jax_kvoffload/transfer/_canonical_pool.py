@@ -69,33 +69,22 @@ class CanonicalPoolView:
                 f"group {group} has no canonical plan; groups are {sorted(self.plans)}"
             ) from None
 
-    def _slots(self, chunk_ids: list[int], first: int, n: int) -> np.ndarray:
-        # Slot k is block (first + k) % bpc of chunk chunk_ids[(first + k) // bpc]; its row
-        # index in the [num_chunks * bpc, width] view is also its canonical page id.
-        bpc = self.blocks_per_chunk
-        k = np.arange(first, first + n)
-        return np.asarray(chunk_ids, dtype=np.int64)[k // bpc] * bpc + k % bpc
-
-    def _flat(self, group: int) -> np.ndarray:
-        rows = self.pool.rows(group)
-        return rows.reshape(self.num_chunks * self.blocks_per_chunk, -1)
-
     def store_bytes(self, group: int, chunk_ids: list[int], first: int, n_blocks: int) -> int:
         """Bytes this rank writes when storing `n_blocks` blocks there (its runs of the
         blocks it is a writer for): what vLLM reports as a canonical store's size."""
-        return self._plan(group).store_bytes(self._slots(chunk_ids, first, n_blocks))
+        return self._plan(group).store_bytes(self.pool.slots(chunk_ids, first, n_blocks))
 
     def write_blocks(self, group: int, chunk_ids: list[int], first: int, data: np.ndarray) -> None:
         """Stores this rank's bytes of `data` (`[n, local_block_bytes]` uint8)."""
-        slots = self._slots(chunk_ids, first, data.shape[0])
-        self.bytes_written += self._plan(group).store(self._flat(group), slots, data)
+        slots = self.pool.slots(chunk_ids, first, data.shape[0])
+        self.bytes_written += self._plan(group).store(self.pool.flat(group), slots, data)
 
     def read_blocks(
         self, group: int, chunk_ids: list[int], first: int, n_blocks: int, out: np.ndarray
     ) -> np.ndarray:
         """Reads this rank's pages of `n_blocks` canonical blocks into `out`."""
-        slots = self._slots(chunk_ids, first, n_blocks)
-        return self._plan(group).load(self._flat(group), slots, out)
+        slots = self.pool.slots(chunk_ids, first, n_blocks)
+        return self._plan(group).load(self.pool.flat(group), slots, out)
 
 
 def plans_for_rank(

@@ -100,15 +100,17 @@ class HostChunkPool:
         if bad:
             raise HostPoolError(f"chunk ids {bad[:8]} are outside [0, {self.num_chunks})")
 
-    def _slots(self, group: int, chunk_ids: list[int], first: int, n: int) -> np.ndarray:
-        # Block slot k is block (first + k) % bpc of chunk chunk_ids[(first + k) // bpc];
-        # as a row of the [num_chunks * bpc, bytes_per_block] view of the group's rows.
+    def slots(self, chunk_ids: list[int], first: int, n: int) -> np.ndarray:
+        """Rows of `flat(group)` holding `n` consecutive blocks from slot `first` of
+        `chunk_ids[0]`: block k is slot (first + k) % bpc of chunk
+        chunk_ids[(first + k) // bpc] (also its canonical page id)."""
         bpc = self.blocks_per_chunk
         k = np.arange(first, first + n)
         chunks = np.asarray(chunk_ids, dtype=np.int64)[k // bpc]
         return chunks * bpc + k % bpc
 
-    def _flat(self, group: int) -> np.ndarray:
+    def flat(self, group: int) -> np.ndarray:
+        """The group's rows as `[num_chunks * blocks_per_chunk, bytes_per_block]` (a view)."""
         rows = self.rows(group)
         return rows.reshape(self.num_chunks * self.blocks_per_chunk, self.bytes_per_block[group])
 
@@ -116,8 +118,8 @@ class HostChunkPool:
         """Writes `data` ([n_blocks, bytes_per_block] uint8) into consecutive block slots,
         starting at slot `first` of chunk `chunk_ids[0]` (a chunk list may start and end
         mid-chunk)."""
-        slots = self._slots(group, chunk_ids, first, data.shape[0])
-        copy_rows(self._flat(group), slots, data, np.arange(slots.size), 1)
+        slots = self.slots(chunk_ids, first, data.shape[0])
+        copy_rows(self.flat(group), slots, data, np.arange(slots.size), 1)
 
     def move_shards(
         self,
@@ -134,9 +136,9 @@ class HostChunkPool:
         as shards `(index, data)` with `data` = `staging[index]` (the block axis whole),
         between the shards and their places in the rows: into the rows (`store`), or from
         them into each `data`. One host pass instead of assembling the array first."""
-        flat = self._flat(group)
+        flat = self.flat(group)
         rows = flat.view(dtype).reshape(flat.shape[0], *shape[1:])
-        slots = self._slots(group, chunk_ids, first, shape[0])
+        slots = self.slots(chunk_ids, first, shape[0])
         blocks = np.arange(shape[0])
         for index, data in shards:
             place = rows[(slice(None), *index[1:])]
@@ -156,6 +158,6 @@ class HostChunkPool:
             raise HostPoolError(
                 f"out must be [{n_blocks}, {width}] uint8; got {out.dtype} {out.shape}"
             )
-        slots = self._slots(group, chunk_ids, first, n_blocks)
-        copy_rows(out, np.arange(n_blocks), self._flat(group), slots, 1)
+        slots = self.slots(chunk_ids, first, n_blocks)
+        copy_rows(out, np.arange(n_blocks), self.flat(group), slots, 1)
         return out
