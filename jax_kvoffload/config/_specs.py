@@ -180,7 +180,6 @@ class AttentionSpec(_PaddedPage, KVCacheSpec):
         return self.num_heads * self.num_states * self.state_content_size_bytes
 
 
-
 @dataclass(frozen=True, kw_only=True)
 class FullAttentionSpec(AttentionSpec):
     """Full attention. A recorded `sliding_window` does not make it a window spec."""
@@ -343,7 +342,6 @@ class MambaSpec(_PaddedPage, KVCacheSpec):
             int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
             for shape, dtype in zip(self.shapes, self.dtypes, strict=True)
         )
-
 
 
 @dataclass(frozen=True, kw_only=True)
