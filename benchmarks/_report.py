@@ -4,9 +4,23 @@ from __future__ import annotations
 
 import csv
 import pathlib
+import statistics
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+
+def median(fn: Any, repeats: int, *, warmup: bool = False) -> float:
+    """Median wall seconds of `repeats` calls of `fn` (after one untimed call if `warmup`)."""
+    if warmup:
+        fn()
+    samples = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - t0)
+    return statistics.median(samples)
 
 
 def write_csv(path: pathlib.Path, cols: Sequence[str], rows: Sequence[Mapping[str, Any]]) -> None:

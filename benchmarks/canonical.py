@@ -61,15 +61,6 @@ def _shape(form, nb, bs, heads, hs):
     }[form]
 
 
-def _median(fn, repeats):
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
-
-
 def run_case(form, tp, args):
     layout, kind, order = FORMS[form]
     heads = args.total_heads // tp
@@ -132,12 +123,14 @@ def run_case(form, tp, args):
     slots = np.arange(n)
     local = np.empty_like(rows)
     relayout = {
-        "store": _median(lambda: plan.store(flat, slots, rows), args.repeats),
-        "load": _median(lambda: plan.load(flat, slots, local), args.repeats),
+        "store": _report.median(lambda: plan.store(flat, slots, rows), args.repeats),
+        "load": _report.median(lambda: plan.load(flat, slots, local), args.repeats),
     }
     plain = {
-        "store": _median(lambda: direct_pool.write_blocks(0, list(chunks), 0, rows), args.repeats),
-        "load": _median(
+        "store": _report.median(
+            lambda: direct_pool.write_blocks(0, list(chunks), 0, rows), args.repeats
+        ),
+        "load": _report.median(
             lambda: direct_pool.read_blocks(0, list(chunks), 0, n, local), args.repeats
         ),
     }

@@ -13,20 +13,20 @@ Writes ``kernels.csv`` and ``kernels.png`` (when matplotlib imports) under ``--o
 from __future__ import annotations
 
 import argparse
-import csv
 import datetime
 import itertools
 import pathlib
 import platform
-import statistics
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # _report, beside us
+import _report
+
 import pallas_kernels as pk
 
 FULL = {"blocks": [16, 64, 256, 1024, 4096], "page_kib": [4, 16, 64, 128], "layers": [1, 32]}
@@ -43,13 +43,7 @@ def default_backends() -> list[str]:
 
 def _time(fn, repeats: int) -> float:
     """Median seconds of ``fn()`` after one warm-up (compile) call."""
-    jax.block_until_ready(fn())
-    samples = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn())
-        samples.append(time.perf_counter() - t0)
-    return statistics.median(samples)
+    return _report.median(lambda: jax.block_until_ready(fn()), repeats, warmup=True)
 
 
 def measure(backend, layers, page_kib, blocks, *, repeats, interpret):
@@ -154,18 +148,9 @@ def print_row(row: dict) -> None:
 
 
 def write_outputs(rows: list[dict], out: pathlib.Path) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    with open(out / "kernels.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=[c for c, _ in COLUMNS])
-        writer.writeheader()
-        writer.writerows(rows)
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib not importable: no PNG written")
+    _report.write_csv(out / "kernels.csv", [c for c, _ in COLUMNS], rows)
+    plt = _report.pyplot()
+    if plt is None:
         return
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
     for ax, op in zip(axes, ("gather", "scatter"), strict=True):
@@ -215,7 +200,6 @@ def main(argv=None) -> int:
     print_header()
     rows = run(args)
     write_outputs(rows, args.out)
-    print(f"wrote {args.out / 'kernels.csv'}")
     return 0
 
 

@@ -19,13 +19,15 @@ from __future__ import annotations
 
 import argparse
 import bisect
-import csv
 import itertools
 import pathlib
 import random
 import sys
 import time
 from collections.abc import Callable
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # _report, beside us
+import _report
 
 from jax_kvoffload.store import HostStore, LookupResult, RequestContext, make_offload_key
 
@@ -147,18 +149,9 @@ def run_vllm(trace: list[list[bytes]], num_chunks: int, policy: str) -> dict[str
 
 
 def write_outputs(rows: list[dict[str, float]], out: pathlib.Path) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    with open(out / "manager.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib not installed: no PNG written")
+    _report.write_csv(out / "manager.csv", list(rows[0]), rows)
+    plt = _report.pyplot()
+    if plt is None:
         return
     labels = [f"{r['impl']}\n{r['policy']}" for r in rows]
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
@@ -205,7 +198,6 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['store_offers_per_s']:>14,.0f}{r['requests_per_s']:>10,.0f}{r['hit_rate']:>7.1%}"
         )
     write_outputs(rows, args.out)
-    print(f"wrote {args.out / 'manager.csv'}")
     return 0
 
 

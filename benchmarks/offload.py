@@ -16,35 +16,25 @@ offload.png (when matplotlib imports) under --out.
 from __future__ import annotations
 
 import argparse
-import csv
 import datetime
 import pathlib
 import platform
-import statistics
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # _report, beside us
+import _report
+
 import pallas_kernels as pk
 from jax_kvoffload.transfer import GroupCaches, GroupTransfer, HostChunkPool, TransferEngine
 
 FULL = {"blocks": [64, 256, 1024], "layers": [8, 32], "pages": [(8, 128), (2, 64)]}
 QUICK = {"blocks": [64, 256], "layers": [8], "pages": [(8, 128), (2, 64)]}
 BLOCK_SIZE = 16  # tokens per block; pages: (kv_heads, head_dim) -> 64 KiB or 8 KiB K+V in bf16
-
-
-def _median(fn, repeats: int) -> float:
-    fn()  # warm-up: compiles
-    samples = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - t0)
-    return statistics.median(samples)
 
 
 def measure(layers: int, blocks: int, page: tuple[int, int], repeats: int, backend: str) -> dict:
@@ -111,12 +101,14 @@ def measure(layers: int, blocks: int, page: tuple[int, int], repeats: int, backe
         jax.block_until_ready(jax.device_put(host_staging, device))
 
     t = {
-        "engine_store": _median(engine_store, repeats),
-        "per_block_store": _median(per_block_store, 1),  # slow by design: one sample
-        "ceiling_d2h": _median(ceiling_d2h, repeats),
-        "engine_load": _median(engine_load, repeats),
-        "per_block_load": _median(per_block_load, 1),
-        "ceiling_h2d": _median(ceiling_h2d, repeats),
+        "engine_store": _report.median(engine_store, repeats, warmup=True),
+        "per_block_store": _report.median(
+            per_block_store, 1, warmup=True
+        ),  # slow by design: one sample
+        "ceiling_d2h": _report.median(ceiling_d2h, repeats, warmup=True),
+        "engine_load": _report.median(engine_load, repeats, warmup=True),
+        "per_block_load": _report.median(per_block_load, 1, warmup=True),
+        "ceiling_h2d": _report.median(ceiling_h2d, repeats, warmup=True),
     }
     engine.close()
     gbs = {k: nbytes / v / 1e9 for k, v in t.items()}
@@ -134,13 +126,8 @@ def measure(layers: int, blocks: int, page: tuple[int, int], repeats: int, backe
 
 
 def plot(rows: list[dict], path: pathlib.Path) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib not installed: no plot", file=sys.stderr)
+    plt = _report.pyplot()
+    if plt is None:
         return
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for ax, kind, ceiling in ((axes[0], "store", "ceiling_d2h"), (axes[1], "load", "ceiling_h2d")):
@@ -188,10 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         "store_vs_ceiling", "store_vs_per_block", "engine_load_gbs", "per_block_load_gbs",
         "ceiling_h2d_gbs", "load_vs_ceiling", "load_vs_per_block",
     ]  # fmt: skip
-    with open(out / "offload.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=cols)
-        writer.writeheader()
-        writer.writerows(rows)
+    _report.write_csv(out / "offload.csv", cols, rows)
     plot(rows, out / "offload.png")
     print(header)
     print(" | ".join(cols))
