@@ -53,21 +53,8 @@ def view_of(t: torch.Tensor) -> KVTensorView:
     return KVTensorView(tuple(t.shape), tuple(t.stride()), t.element_size())
 
 
-def ours_as_vllm(m):
-    if m is None:
-        return None
-    runs = tuple(tuple(vars(r).values()) for r in m.runs)
-    return (
-        m.canonical_page_size_bytes,
-        m.local_page_size_bytes,
-        runs,
-        m.num_writers,
-        m.writer_index,
-        m.parallelism_agnostic,
-    )
-
-
-def theirs(m):
+def as_tuple(m):
+    """A mapping (ours or vLLM's: the same attribute names) as plain tuples."""
     if m is None:
         return None
     runs = tuple(
@@ -105,8 +92,8 @@ def compare(our_spec, their_spec, our_view, their_tensor, c) -> int:
     tp, dcp, pcp, il, total, rank = c
     ours = layer_mapping(our_spec, our_view, NB, RankContext(tp, dcp, pcp, il, total, rank))
     vctx = vcm._RankContext(tp, dcp, pcp, il, total, rank)
-    want = theirs(vcm._layer_mapping(their_spec, their_tensor, NB, vctx))
-    assert ours_as_vllm(ours) == want, (our_spec, our_view, c)
+    want = as_tuple(vcm._layer_mapping(their_spec, their_tensor, NB, vctx))
+    assert as_tuple(ours) == want, (our_spec, our_view, c)
     return int(want is not None)
 
 
