@@ -234,8 +234,8 @@ class TransferEngine:
 
         def finish() -> None:
             for group, t, first, host in staged:
-                shards = distinct_shards(host)
-                if shards is not None and hasattr(self._pool, "move_shards"):
+                shards = distinct_shards(host) if hasattr(self._pool, "move_shards") else None
+                if shards is not None:
                     self._pool.move_shards(
                         group, list(t.chunk_ids), first, host.shape, host.dtype, shards, store=True
                     )

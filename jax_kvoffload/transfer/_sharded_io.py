@@ -52,21 +52,20 @@ def fetch_sharded(
     if not all(_whole_blocks(ix) for ix in index_map.values()):
         return None
     itemsize = np.dtype(dtype).itemsize
-    by_index: dict[tuple, np.ndarray] = {}
+    keys = {
+        device: tuple((s.start, s.stop, s.step) for s in ix) for device, ix in index_map.items()
+    }
+    by_key: dict[tuple, np.ndarray] = {}
     buffers, shards = [], []
-    for ix in index_map.values():
-        key = tuple((s.start, s.stop, s.step) for s in ix)
-        if key in by_index:
-            continue
+    for device, ix in index_map.items():
+        if keys[device] in by_key:
+            continue  # a replica: read once
         local = tuple(len(range(*s.indices(d))) for s, d in zip(ix, shape, strict=True))
         raw = take((shape[0], int(np.prod(local[1:])) * itemsize))
         buffers.append(raw)
-        by_index[key] = raw.view(dtype).reshape(local)
-        shards.append((ix, by_index[key]))
+        by_key[keys[device]] = raw.view(dtype).reshape(local)
+        shards.append((ix, by_key[keys[device]]))
     read_shards(shards)
-    arrays = [
-        jax.device_put(by_index[tuple((s.start, s.stop, s.step) for s in ix)], device)
-        for device, ix in index_map.items()
-    ]
+    arrays = [jax.device_put(by_key[keys[device]], device) for device in index_map]
     staged = jax.make_array_from_single_device_arrays(shape, sharding, arrays)
     return jax.block_until_ready(staged), buffers
