@@ -124,6 +124,21 @@ def _compiler_params(programs: int):
     return pltpu.CompilerParams(dimension_semantics=("parallel",))
 
 
+def _bind(body, words: Sequence[jax.Array], block_ids: jax.Array, config: TpuConfig):
+    """`body` with the static sizes of this call, and its program count."""
+    n = block_ids.shape[0]
+    programs = max(1, min(config.programs, n))
+    kernel = functools.partial(
+        body,
+        n=n,
+        num_arrays=len(words),
+        outer=words[0].shape[0],
+        programs=programs,
+        in_flight=config.blocks_in_flight,
+    )
+    return kernel, programs
+
+
 def gather_words(
     words: Sequence[jax.Array], block_ids: jax.Array, *, config: TpuConfig, interpret=False
 ) -> jax.Array:
@@ -131,15 +146,7 @@ def gather_words(
     outer, nb, w = words[0].shape
     rows, lanes = _tile(w, config.lanes)
     n, num_arrays = block_ids.shape[0], len(words)
-    programs = max(1, min(config.programs, n))
-    kernel = functools.partial(
-        _gather_kernel,
-        n=n,
-        num_arrays=num_arrays,
-        outer=outer,
-        programs=programs,
-        in_flight=config.blocks_in_flight,
-    )
+    kernel, programs = _bind(_gather_kernel, words, block_ids, config)
     out = pl.pallas_call(
         kernel,
         out_shape=jax.ShapeDtypeStruct((n, num_arrays, outer, rows, lanes), words[0].dtype),
@@ -169,15 +176,7 @@ def scatter_words(
     outer, nb, w = words[0].shape
     rows, lanes = _tile(w, config.lanes)
     n, num_arrays = block_ids.shape[0], len(words)
-    programs = max(1, min(config.programs, n))
-    kernel = functools.partial(
-        _scatter_kernel,
-        n=n,
-        num_arrays=num_arrays,
-        outer=outer,
-        programs=programs,
-        in_flight=config.blocks_in_flight,
-    )
+    kernel, programs = _bind(_scatter_kernel, words, block_ids, config)
     shape = jax.ShapeDtypeStruct((outer, nb, rows, lanes), words[0].dtype)
     out = pl.pallas_call(
         kernel,

@@ -101,26 +101,33 @@ def _params(config: TritonConfig):
     return pltriton.CompilerParams(num_warps=config.num_warps, num_stages=1)
 
 
-def gather_words(
-    words: Sequence[jax.Array], block_ids: jax.Array, *, config: TritonConfig, interpret=False
-) -> jax.Array:
-    """``words``: per array ``[outer, num_blocks, W]`` -> ``[n, L, outer, W]``."""
+def _bind(body, words: Sequence[jax.Array], block_ids: jax.Array, config: TritonConfig):
+    """`body` with the static sizes of this call, and its grid (blocks per program)."""
     outer, _, w = words[0].shape
-    n, num_arrays = block_ids.shape[0], len(words)
+    n = block_ids.shape[0]
     per = max(1, min(config.blocks_per_program, n))
     kernel = functools.partial(
-        _gather_kernel,
+        body,
         n=n,
         per=per,
-        num_arrays=num_arrays,
+        num_arrays=len(words),
         outer=outer,
         w=w,
         chunk=_chunk(w, config.max_chunk_words),
     )
+    return kernel, (pl.cdiv(n, per),)
+
+
+def gather_words(
+    words: Sequence[jax.Array], block_ids: jax.Array, *, config: TritonConfig, interpret=False
+) -> jax.Array:
+    """``words``: per array ``[outer, num_blocks, W]`` -> ``[n, L, outer, W]``."""
+    kernel, grid = _bind(_gather_kernel, words, block_ids, config)
+    outer, _, w = words[0].shape
     return pl.pallas_call(
         kernel,
-        out_shape=jax.ShapeDtypeStruct((n, num_arrays, outer, w), words[0].dtype),
-        grid=(pl.cdiv(n, per),),
+        out_shape=jax.ShapeDtypeStruct((len(block_ids), len(words), outer, w), words[0].dtype),
+        grid=grid,
         compiler_params=_params(config),
         interpret=interpret,
         name="kv_gather_blocks_triton",
@@ -136,24 +143,13 @@ def scatter_words(
     interpret=False,
 ) -> list[jax.Array]:
     """Writes ``staging[i, l]`` into page ``block_ids[i]`` of every array, in place."""
-    outer, _, w = words[0].shape
-    n, num_arrays = block_ids.shape[0], len(words)
-    per = max(1, min(config.blocks_per_program, n))
-    kernel = functools.partial(
-        _scatter_kernel,
-        n=n,
-        per=per,
-        num_arrays=num_arrays,
-        outer=outer,
-        w=w,
-        chunk=_chunk(w, config.max_chunk_words),
-    )
+    kernel, grid = _bind(_scatter_kernel, words, block_ids, config)
     out = pl.pallas_call(
         kernel,
         out_shape=[jax.ShapeDtypeStruct(x.shape, x.dtype) for x in words],
-        grid=(pl.cdiv(n, per),),
+        grid=grid,
         # Operand 0 is the ids, 1 the staging buffer, 2.. the caches.
-        input_output_aliases={2 + a: a for a in range(num_arrays)},
+        input_output_aliases={2 + a: a for a in range(len(words))},
         compiler_params=_params(config),
         interpret=interpret,
         name="kv_scatter_blocks_triton",
