@@ -10,7 +10,30 @@ searched for in vLLM's issues.
 from __future__ import annotations
 
 
-class OffloadConfigError(ValueError):
+class KVOffloadError(Exception):
+    """Root of every error jax_kvoffload raises on purpose (`except KVOffloadError`).
+
+    Never raised itself: input errors are `KVOffloadValueError` / `KVOffloadTypeError`
+    (a `ValueError` / `TypeError`, so code that catches the builtin keeps working) and
+    errors of state (a closed object, a lost peer, a resource that ran out) are
+    `KVOffloadStateError` (a `RuntimeError`). It lives in `config/` because every other
+    package of ours may import `config` and `config` imports nothing of ours.
+    """
+
+
+class KVOffloadValueError(KVOffloadError, ValueError):
+    """An argument has a wrong value; the message names it, shows it and gives the fix."""
+
+
+class KVOffloadTypeError(KVOffloadError, TypeError):
+    """An argument has a wrong type; the message names it and the type expected."""
+
+
+class KVOffloadStateError(KVOffloadError, RuntimeError):
+    """The call is valid but the object's state (or the machine's) does not allow it."""
+
+
+class OffloadConfigError(KVOffloadValueError):
     """Base class of every error raised while building or validating a config."""
 
 
