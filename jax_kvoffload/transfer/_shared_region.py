@@ -23,6 +23,7 @@ other users and without leaving anything behind (docs/security.md):
 from __future__ import annotations
 
 import logging
+import math
 import mmap
 import operator
 import os
@@ -95,6 +96,7 @@ class SharedHostRegion:
         timeout: float | None = None,
     ) -> None:
         nbytes, expected, rank = _check_arguments(name, nbytes, expected_attachments, rank)
+        wait = default_timeout(nbytes) if timeout is None else _check_timeout(timeout)
         reason = _shm_memfd.unsupported()
         if reason is not None:
             raise SharedRegionError(reason)
@@ -108,7 +110,6 @@ class SharedHostRegion:
         self._fd = -1
         self._mmap: mmap.mmap | None = None
         self._server: _shm_rendezvous.FdServer | None = None
-        wait = default_timeout(nbytes) if timeout is None else float(timeout)
         deadline = time.monotonic() + wait
         lock = _shm_rendezvous.acquire_lock(self._address("lock"), deadline, self._label)
         try:
@@ -193,9 +194,9 @@ class SharedHostRegion:
             if peer is not None:
                 _shm_rendezvous.refuse_foreign(peer, self._label, "slot")
         if rank is not None:
-            pid = taken[0].pid if taken[0] else "?"
+            who = f"process {taken[0].pid}" if taken[0] else "a process that does not answer"
             raise SharedRegionError(
-                f"{self._label}: rank {rank} is already attached by process {pid}; two live "
+                f"{self._label}: rank {rank} is already attached by {who}; two live "
                 "processes claim one rank (two engines sharing one name, e.g. the same "
                 "vLLM engine_id, or an old worker still running). Stop it or use another name"
             )
@@ -275,3 +276,15 @@ def _check_arguments(
             f"rank must be in [0, expected_attachments={expected}); got {rank}"
         )
     return nbytes, expected, rank
+
+
+def _check_timeout(timeout: object) -> float:
+    try:
+        value = float(timeout)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        value = math.nan
+    if isinstance(timeout, bool) or not 0 <= value < math.inf:
+        raise SharedRegionArgumentError(
+            f"timeout must be a finite number of seconds >= 0, or None; got {timeout!r}"
+        )
+    return value
