@@ -138,8 +138,12 @@ class SharedHostRegion:
             _shm_memfd.verify(fd, self.nbytes, self.expected_attachments, self._label)
         self._mmap = mmap.mmap(fd, HEADER_BYTES + self.nbytes, mmap.MAP_SHARED)
         listener, self.slot = self._claim_slot(rank)
-        self._mmap[_shm_memfd.SLOTS_OFFSET + self.slot] = 1
-        self._server = _shm_rendezvous.FdServer(listener, fd, self._label)
+        try:
+            self._mmap[_shm_memfd.SLOTS_OFFSET + self.slot] = 1
+            self._server = _shm_rendezvous.FdServer(listener, fd, self._label)
+        except BaseException:
+            listener.close()
+            raise
         logger.info(
             "%s: %s %d bytes as slot %d of %d",
             self._label,
