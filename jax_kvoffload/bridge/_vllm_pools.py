@@ -18,8 +18,6 @@ worker pool is built).
 from __future__ import annotations
 
 import logging
-import os
-import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -112,9 +110,10 @@ def tensor_mappings(
 
 
 def region_name(engine_id: str) -> str:
-    """One name per engine and user (files are 0600: another user's would not open)."""
-    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", engine_id or "engine")
-    return f"jax_kvoffload_{os.getuid() if hasattr(os, 'getuid') else 0}_{safe}"
+    """The shared region's name for an engine. vLLM's `engine_id` is a random uuid unless
+    set (distinct per DP replica); the region adds the user id and hashes it, and only
+    processes of this user may join (docs/security.md)."""
+    return f"vllm-engine:{engine_id}"
 
 
 def group_missing(region: SharedHostRegion | None) -> str | None:
@@ -131,7 +130,8 @@ def group_missing(region: SharedHostRegion | None) -> str | None:
         return None
     return (
         f"only {attached} of the {want} worker processes have mapped the shared host region "
-        f"{region.path}; every rank of the group must run on this host (shared memory)"
+        f"{region.name!r}; every rank of the group must run on this host, in one network "
+        "namespace (they find each other by abstract Unix sockets), as the same user"
     )
 
 
@@ -207,5 +207,6 @@ def _pool(
     if world <= 1:
         return HostChunkPool(num_chunks, widths, blocks_per_chunk), None
     nbytes = HostChunkPool.nbytes_for(num_chunks, widths, blocks_per_chunk)
-    region = SharedHostRegion(region_name(config.engine_id) + suffix, nbytes, world)
+    name = region_name(config.engine_id) + suffix
+    region = SharedHostRegion(name, nbytes, world, rank=config.parallel.rank)
     return HostChunkPool(num_chunks, widths, blocks_per_chunk, buffer=region.array), region
