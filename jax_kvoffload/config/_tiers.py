@@ -160,8 +160,10 @@ class DiskTierConfig(_TierOptions):
     type: ClassVar[str] = "disk"
     path: str
     capacity_bytes: int
-    read_threads: int = 4
-    write_threads: int = 2
+    # I/O threads mostly wait on the device (fsync latency, queue depth): more threads
+    # than cores keep several writes in flight; vLLM's fs tier uses 16 of each.
+    read_threads: int = 8
+    write_threads: int = 8
     max_pending_store_bytes: int = 256 << 20
     direct_io: str = "auto"
     fsync: bool = True

@@ -361,3 +361,29 @@ def test_direct_io_on_where_the_filesystem_refuses_it(tier_path, monkeypatch):
         assert store(tier, [1]).all_ok and load(tier, [1]) == [True]
     finally:
         tier.close()
+
+
+def test_async_lookup_drain_and_close_report_every_job(tier_path, monkeypatch):
+    from jax_kvoffload.tiers import TierClosedError
+
+    tier = open_disk(tier_path, write_threads=1)
+    store(tier, [1])
+    assert tier.lookup_async([key(1), key(2)]).result(10) == [True, False]
+    gate = threading.Event()
+    real = tier._store_one
+
+    def slow(*a):
+        gate.wait(10)
+        return real(*a)
+
+    monkeypatch.setattr(tier, "_store_one", slow)
+    running = tier.submit_store([(key(2), payload(key(2), N))])
+    queued = tier.submit_store([(key(3), payload(key(3), N))])
+    assert not tier.drain(timeout=0.05)  # bounded: says it timed out
+    threading.Timer(0.2, gate.set).start()
+    tier.close()  # the running store finishes; the queued one fails; both are reported
+    assert running.result(0).all_ok
+    assert queued.result(0).ok == (False,) and not queued.result(0).dropped
+    with pytest.raises(TierClosedError, match="closed"):
+        tier.submit_load([(key(1), np.zeros(N, np.uint8))])
+    tier.close()  # idempotent

@@ -244,3 +244,93 @@ def test_concurrent_writers_and_readers(redis):
         t.join()
     assert errors == []
     assert redis.stats().corrupt == 0 and redis.stats().errors == 0
+
+
+def make_certs(d) -> dict[str, str]:
+    """A throw-away CA and a server certificate for localhost / 127.0.0.1."""
+
+    def ossl(*args):
+        subprocess.run(["openssl", *args], cwd=d, check=True, capture_output=True, timeout=60)
+
+    ossl(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+        "-days",
+        "1",
+        "-subj",
+        "/CN=jkv-test-ca",
+    )
+    ossl(
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "srv.key",
+        "-out",
+        "srv.csr",
+        "-subj",
+        "/CN=localhost",
+    )
+    (d / "ext.cnf").write_text("subjectAltName=DNS:localhost,IP:127.0.0.1\n")
+    ossl(
+        "x509",
+        "-req",
+        "-in",
+        "srv.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "srv.pem",
+        "-days",
+        "1",
+        "-extfile",
+        "ext.cnf",
+    )
+    return {n: str(d / n) for n in ("ca.pem", "srv.pem", "srv.key")}
+
+
+@pytest.mark.skipif(__import__("shutil").which("openssl") is None, reason="needs openssl")
+def test_tls(tmp_path):
+    certs = make_certs(tmp_path)
+    tls_port = free_port()
+    try:
+        server = RedisServer(
+            "--tls-port",
+            str(tls_port),
+            "--tls-cert-file",
+            certs["srv.pem"],
+            "--tls-key-file",
+            certs["srv.key"],
+            "--tls-ca-cert-file",
+            certs["ca.pem"],
+            "--tls-auth-clients",
+            "no",
+        )
+    except RuntimeError as e:  # a redis-server built without TLS
+        pytest.skip(f"redis-server cannot serve TLS here: {e}")
+    url = f"rediss://localhost:{tls_port}/0"
+    try:
+        good = open_redis(url, tls_ca_file=certs["ca.pem"])
+        untrusted = open_redis(url, connect_timeout_s=1.0)  # the system CAs do not know it
+        unverified = open_redis(url, tls_verify=False)
+        try:
+            big = 3 * 1024 * 1024  # larger than a TLS record and a socket buffer
+            assert store(good, [1], n=big).all_ok and load(good, [1], n=big) == [True]
+            assert store(untrusted, [2]).ok == (False,) and load(untrusted, [1], n=big) == [False]
+            assert load(unverified, [1], n=big) == [True]
+        finally:
+            for t in (good, untrusted, unverified):
+                t.close()
+    finally:
+        server.stop()
