@@ -104,6 +104,39 @@ def sequential(path: str, rows: np.ndarray, direct: bool) -> tuple[float, float]
     return w, r
 
 
+def per_file(base: str, rows: np.ndarray, direct: bool, threads: int) -> tuple[float, float]:
+    """(write s, read s) of one file per row, `threads` at a time, no header, no fsync:
+    what the filesystem charges for file-per-chunk layouts, apart from the tier."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    os.makedirs(base)
+    flag = os.O_DIRECT if direct else 0
+
+    def write(i):
+        fd = os.open(f"{base}/{i}", os.O_WRONLY | os.O_CREAT | os.O_EXCL | flag, 0o600)
+        os.pwritev(fd, [rows[i]], 0)
+        os.close(fd)
+
+    def read(i):
+        fd = os.open(f"{base}/{i}", os.O_RDONLY | flag)
+        os.preadv(fd, [sinks[i % threads]], 0)
+        os.close(fd)
+
+    sinks = [mmap.mmap(-1, rows.shape[1]) for _ in range(threads)]
+    with ThreadPoolExecutor(threads) as ex:
+        t0 = time.perf_counter()
+        list(ex.map(write, range(len(rows))))
+        w = time.perf_counter() - t0
+        drop_tree_cache(base)
+        t0 = time.perf_counter()
+        list(ex.map(read, range(len(rows))))
+        r = time.perf_counter() - t0
+    for m in sinks:
+        m.close()
+    shutil.rmtree(base)
+    return w, r
+
+
 def bench_disk(args, out_rows: list[dict]) -> None:
     size = int(args.chunk_mib * MiB)
     n = args.chunks
@@ -120,6 +153,9 @@ def bench_disk(args, out_rows: list[dict]) -> None:
                 w, r = sequential(os.path.join(base, f"seq{int(d)}"), rows, d)
                 times.setdefault(f"seq{int(d)} store", []).append(w)
                 times.setdefault(f"seq{int(d)} load", []).append(r)
+            w, r = per_file(os.path.join(base, "files"), rows, args.direct_io != "off", 8)
+            times.setdefault("files store", []).append(w)
+            times.setdefault("files load", []).append(r)
             path = os.path.join(base, f"tier{rep}")
             tier = DiskTier(
                 DiskTierConfig(
@@ -157,15 +193,19 @@ def bench_disk(args, out_rows: list[dict]) -> None:
                     f"disk ({mode}{sync})", op, n * size, med[f"tier {op}"], base_name, best[0], 0.8
                 )
             )
-            for d in (0, 1):
+            for name, what in (
+                ("seq0", "sequential buffered"),
+                ("seq1", "sequential O_DIRECT"),
+                ("files", "bare file per chunk, 8 threads,"),
+            ):
                 out_rows.append(
                     {
                         "tier": "-",
-                        "op": f"sequential {'O_DIRECT' if d else 'buffered'} {op}",
+                        "op": f"{what} {op}",
                         "bytes_MiB": n * size / MiB,
                         "tier_GBps": float("nan"),
                         "baseline": "-",
-                        "baseline_GBps": n * size / med[f"seq{d} {op}"] / 1e9,
+                        "baseline_GBps": n * size / med[f"{name} {op}"] / 1e9,
                         "ratio": float("nan"),
                         "target": "",
                     }
