@@ -42,6 +42,7 @@ __all__ = ["RedisTier", "redis_key"]
 logger = logging.getLogger(__name__)
 
 _MAX_RETRY_S = 30.0
+_MAX_IDLE = 4  # connections kept for contains() calls from other threads
 
 
 def redis_key(prefix: str, namespace: bytes, key: bytes) -> bytes:
@@ -185,9 +186,12 @@ class RedisTier(SecondaryTier):
                 self._mark_down(e)
                 out = [False] * len(keys)
             finally:
-                if conn.connected:
-                    with self._health:
+                with self._health:
+                    keep = conn.connected and len(self._idle) < _MAX_IDLE
+                    if keep:
                         self._idle.append(conn)
+                if not keep:
+                    conn.close()
         self._counters.add(lookups=len(out), lookup_hits=sum(out))
         return out
 
@@ -296,6 +300,14 @@ class RedisTier(SecondaryTier):
                 reason = self._read_value(conn, key, out)
                 if reason is None:
                     oks[i] = True
+                elif isinstance(reason, RespServerError):  # e.g. an ACL denial: not the entry
+                    log_once(
+                        logger,
+                        f"redis-get-{str(reason)[:12]}",
+                        "redis tier: %s refused a load: %s; such loads miss",
+                        self._where,
+                        reason,
+                    )
                 elif reason != "absent":
                     bad.append(key)
                     self._counters.add(corrupt=1)
@@ -318,11 +330,14 @@ class RedisTier(SecondaryTier):
         self._counters.add(load_hits=sum(oks), load_misses=len(oks) - sum(oks), bytes_read=moved)
         return oks, moved
 
-    def _read_value(self, conn: RespConnection, key: bytes, out: memoryview) -> str | None:
-        """Reads one GET reply into `out`; None if it is a verified hit, else why not."""
+    def _read_value(
+        self, conn: RespConnection, key: bytes, out: memoryview
+    ) -> str | RespServerError | None:
+        """Reads one GET reply into `out`; None if it is a verified hit, else why not (the
+        server's error reply, "absent", or what is wrong with the stored value)."""
         n = conn.read_bulk_header()
         if isinstance(n, RespServerError):
-            return f"server error {n}"
+            return n
         if n < 0:
             return "absent"
         hlen = header_length(len(key))

@@ -334,3 +334,17 @@ def test_tls(tmp_path):
                 t.close()
     finally:
         server.stop()
+
+
+def test_a_refused_read_is_a_miss_not_a_corrupt_entry(redis, redis_server):
+    # An ACL user that may write but not read: the server's error is not the entry's fault.
+    store(redis, [1])
+    redis_server.call(b"ACL", b"SETUSER", b"writer", b"on", b">pw", b"~*", b"+set", b"+ping")
+    limited = open_redis(f"redis://writer:pw@127.0.0.1:{redis_server.port}/0")
+    try:
+        assert load(limited, [1]) == [False]
+        assert limited.stats().corrupt == 0
+        assert load(redis, [1]) == [True]  # the entry was not removed
+    finally:
+        limited.close()
+        redis_server.call(b"ACL", b"DELUSER", b"writer")
