@@ -103,6 +103,7 @@ class DiskTier(SecondaryTier):
             close_state=lambda buf: buf.close(),
         )
         self._scan_done = threading.Event()
+        self._scan_stop = threading.Event()
         self._scanner = threading.Thread(target=self._rescan, name="disk-tier-rescan", daemon=True)
         self._scanner.start()
         logger.info(
@@ -154,6 +155,7 @@ class DiskTier(SecondaryTier):
         return self._scan_done.wait(timeout)
 
     def _close_io(self) -> None:
+        self._scan_stop.set()  # close() does not wait for a long start-up scan
         self._runner.close()
         self._scanner.join()
         self._close_fds()
@@ -363,9 +365,9 @@ class DiskTier(SecondaryTier):
     def _rescan(self) -> None:
         try:
             deadline = time.monotonic() + self.config.rescan_timeout_s
-            entries, finished = scan_root(self._root_fd, deadline, _unlink_quietly)
+            entries, finished = scan_root(self._root_fd, deadline, _unlink_quietly, self._scan_stop)
             self._index.merge_scanned(entries)
-            if not finished:
+            if not finished and not self._scan_stop.is_set():
                 logger.warning(
                     "disk tier at %s: the start-up scan stopped after %.1f s with %d entries "
                     "indexed; other entries are still served and join the index when read",

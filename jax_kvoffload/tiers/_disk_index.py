@@ -106,9 +106,12 @@ class DiskIndex:
 
 
 def scan_root(
-    root_fd: int, deadline: float, remove: Callable[[int, str], None]
+    root_fd: int,
+    deadline: float,
+    remove: Callable[[int, str], None],
+    stop: threading.Event | None = None,
 ) -> tuple[list[tuple[float, str, int]], bool]:
-    """Lists entry files `(mtime, rel, size)` under the root until `deadline`.
+    """Lists entry files `(mtime, rel, size)` under the root until `deadline` (or `stop`).
 
     Returns the entries and whether the scan finished. Only names of our layout are
     visited (`<16 hex>/<2 hex>/<2 hex>/<name>.kv`), never through a link; stale
@@ -124,7 +127,7 @@ def scan_root(
                 try:
                     for bb, bb_fd in _subdirs(aa_fd, _SHARD):
                         try:
-                            if time.monotonic() > deadline:
+                            if time.monotonic() > deadline or (stop and stop.is_set()):
                                 return out, False
                             _scan_leaf(bb_fd, f"{ns}/{aa}/{bb}", out, me, euid, now, remove)
                         finally:

@@ -176,11 +176,16 @@ class RedisTier(SecondaryTier):
         if keys:
             with self._health:
                 conn = self._idle.pop() if self._idle else RespConnection(self._endpoint)
+            reused = conn.connected
+
+            def attempt() -> list[bool]:
+                conn.begin()
+                conn.send([command(b"EXISTS", self.key_of(k)) for k in keys])
+                return [conn.read_reply() == 1 for _ in keys]
+
             try:
                 if self._ready(conn):
-                    conn.begin()
-                    conn.send([command(b"EXISTS", self.key_of(k)) for k in keys])
-                    out = [conn.read_reply() == 1 for _ in keys]
+                    out = self._exchange(conn, reused, attempt)
                     self._mark_up()
             except RespConnectionError as e:
                 self._mark_down(e)
@@ -243,7 +248,19 @@ class RedisTier(SecondaryTier):
 
     # ---- I/O ---------------------------------------------------------------------------
 
+    def _exchange(self, conn: RespConnection, reused: bool, attempt):
+        """`attempt()` (send a batch, read its replies) on `conn`; a reused connection
+        that fails fast (reset, closed: the server restarted since its last use) is
+        retried once on a fresh one. A timeout is not retried: the wait stays bounded."""
+        try:
+            return attempt()
+        except RespConnectionError as e:
+            if not reused or e.timed_out or not self._ready(conn):
+                raise
+            return attempt()
+
     def _store_batch(self, conn: RespConnection, items) -> tuple[list[bool], int]:
+        reused = conn.connected
         if not self._ready(conn):
             self._counters.add(store_failures=len(items))
             return [False] * len(items), 0
@@ -261,10 +278,14 @@ class RedisTier(SecondaryTier):
                 payload,
                 tail + b"\r\n",
             ]
-        try:
+
+        def attempt():
             conn.begin()
             conn.send(parts)
-            replies = [conn.read_reply() for _ in items]
+            return [conn.read_reply() for _ in items]
+
+        try:
+            replies = self._exchange(conn, reused, attempt)
         except RespConnectionError as e:
             self._mark_down(e)
             self._counters.add(store_failures=len(items))
@@ -289,39 +310,12 @@ class RedisTier(SecondaryTier):
 
     def _load_batch(self, conn: RespConnection, items) -> tuple[list[bool], int]:
         oks = [False] * len(items)
+        reused = conn.connected
         if not self._ready(conn):
             self._counters.add(load_misses=len(items))
             return oks, 0
-        bad: list[bytes] = []
         try:
-            conn.begin()
-            conn.send([command(b"GET", self.key_of(k)) for k, _ in items])
-            for i, (key, out) in enumerate(items):
-                reason = self._read_value(conn, key, out)
-                if reason is None:
-                    oks[i] = True
-                elif isinstance(reason, RespServerError):  # e.g. an ACL denial: not the entry
-                    log_once(
-                        logger,
-                        f"redis-get-{str(reason)[:12]}",
-                        "redis tier: %s refused a load: %s; such loads miss",
-                        self._where,
-                        reason,
-                    )
-                elif reason != "absent":
-                    bad.append(key)
-                    self._counters.add(corrupt=1)
-                    log_once(
-                        logger,
-                        "redis-corrupt",
-                        "redis tier: removed a bad entry (%s) "
-                        "at %s; further ones are counted in stats().corrupt",
-                        reason,
-                        self.key_of(key).decode(),
-                    )
-            if bad:  # a concurrent rewrite may be lost: a future miss, never a wrong byte
-                conn.send([command(b"DEL", *[self.key_of(k) for k in bad])])
-                conn.read_reply()
+            self._exchange(conn, reused, lambda: self._get_batch(conn, items, oks))
         except RespConnectionError as e:
             self._mark_down(e)  # keys read before the failure were verified: they stay hits
         else:
@@ -329,6 +323,39 @@ class RedisTier(SecondaryTier):
         moved = sum(len(out) for (_, out), ok in zip(items, oks, strict=True) if ok)
         self._counters.add(load_hits=sum(oks), load_misses=len(oks) - sum(oks), bytes_read=moved)
         return oks, moved
+
+    def _get_batch(self, conn: RespConnection, items, oks: list[bool]) -> None:
+        """One pipelined GET of every item; sets `oks[i]` for each verified hit."""
+        oks[:] = [False] * len(items)
+        bad: list[bytes] = []
+        conn.begin()
+        conn.send([command(b"GET", self.key_of(k)) for k, _ in items])
+        for i, (key, out) in enumerate(items):
+            reason = self._read_value(conn, key, out)
+            if reason is None:
+                oks[i] = True
+            elif isinstance(reason, RespServerError):  # e.g. an ACL denial: not the entry
+                log_once(
+                    logger,
+                    f"redis-get-{str(reason)[:12]}",
+                    "redis tier: %s refused a load: %s; such loads miss",
+                    self._where,
+                    reason,
+                )
+            elif reason != "absent":
+                bad.append(key)
+                self._counters.add(corrupt=1)
+                log_once(
+                    logger,
+                    "redis-corrupt",
+                    "redis tier: removed a bad entry (%s) "
+                    "at %s; further ones are counted in stats().corrupt",
+                    reason,
+                    self.key_of(key).decode(),
+                )
+        if bad:  # a concurrent rewrite may be lost: a future miss, never a wrong byte
+            conn.send([command(b"DEL", *[self.key_of(k) for k in bad])])
+            conn.read_reply()
 
     def _read_value(
         self, conn: RespConnection, key: bytes, out: memoryview

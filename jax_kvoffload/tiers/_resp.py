@@ -31,7 +31,10 @@ _SOCK_BUF = 4 << 20  # large socket buffers keep multi-MiB values streaming
 
 
 class RespConnectionError(ConnectionError):
-    """The connection failed, timed out or lost sync; it is closed."""
+    """The connection failed, timed out or lost sync; it is closed. `timed_out` tells a
+    silent server (worth no retry) from a reset or closed connection."""
+
+    timed_out = False
 
 
 class RespServerError(Exception):
@@ -125,6 +128,7 @@ class RespConnection:
     def _fail(self, why: str, cause: BaseException | None = None) -> RespConnectionError:
         self.close()
         err = RespConnectionError(f"{self.endpoint.describe()}: {why}")
+        err.timed_out = why == "timed out" or isinstance(cause, TimeoutError)
         if cause is not None:
             err.__cause__ = cause
         return err

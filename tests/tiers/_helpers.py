@@ -66,8 +66,10 @@ def free_port() -> int:
 class RedisServer:
     """A private redis-server on a free loopback port; `stop()` ends it."""
 
-    def __init__(self, *args: str, maxmemory: str = "64mb", policy: str = "allkeys-lru"):
-        self.port = free_port()
+    def __init__(
+        self, *args: str, maxmemory: str = "64mb", policy: str = "allkeys-lru", port: int = 0
+    ):
+        self.port = port or free_port()
         self.dir = tempfile.mkdtemp(prefix="jkv-redis-")
         cmd = [
             REDIS_SERVER,

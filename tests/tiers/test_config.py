@@ -45,14 +45,14 @@ def test_our_types_and_vllms_in_one_list():
 
 
 def test_vllm_out_of_tree_names_parse_as_ours_and_round_trip():
-    disk = DiskTierConfig(path="/d", capacity_bytes=10**9, read_threads=8)
+    disk = DiskTierConfig(path="/d", capacity_bytes=10**9, read_threads=12)
     vllm_shape = disk.to_vllm_dict()
     assert vllm_shape == {
         "type": "JaxDiskTier",
         "module_path": BRIDGE,
         "path": "/d",
         "capacity_bytes": 10**9,
-        "read_threads": 8,
+        "read_threads": 12,
     }
     assert parse_secondary_tiers([vllm_shape]) == (disk,)
     assert parse_secondary_tiers([disk.to_dict()]) == (disk,)

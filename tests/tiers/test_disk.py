@@ -229,7 +229,8 @@ def test_unsafe_directories_are_refused(tmp_path):
 def test_budget_evicts_least_recently_used(tier_path):
     tier = open_disk(tier_path, capacity_bytes=3 * (N + 4096))
     try:
-        store(tier, [1, 2, 3])
+        for i in (1, 2, 3):  # one job each: a job's keys are written in parallel
+            store(tier, [i])
         assert load(tier, [1]) == [True]  # order is now 2, 3, 1 — storing 4 evicts 2
         store(tier, [4])
         assert tier.contains([key(i) for i in (1, 2, 3, 4)]) == [True, False, True, True]

@@ -348,3 +348,25 @@ def test_a_refused_read_is_a_miss_not_a_corrupt_entry(redis, redis_server):
     finally:
         limited.close()
         redis_server.call(b"ACL", b"DELUSER", b"writer")
+
+
+def test_a_restarted_server_is_used_again_at_once():
+    server = RedisServer()
+    try:
+        tier = open_redis(server.url, retry_after_s=30.0, read_connections=1, write_connections=1)
+        try:
+            assert store(tier, [1]).all_ok and load(tier, [1]) == [True]
+            assert tier.contains([key(1)]) == [True]
+            port = server.port
+            server.stop()
+            server = RedisServer(port=port)  # empty, same address
+            # Every connection of the tier was open to the old server: each is retried
+            # once on a fresh connection instead of putting the tier down for 30 s.
+            assert tier.contains([key(1)]) == [False]
+            assert store(tier, [2]).all_ok
+            assert load(tier, [2, 1]) == [True, False]
+            assert tier.available() and tier.stats().errors == 0
+        finally:
+            tier.close()
+    finally:
+        server.stop()
