@@ -388,3 +388,29 @@ def test_async_lookup_drain_and_close_report_every_job(tier_path, monkeypatch):
     with pytest.raises(TierClosedError, match="closed"):
         tier.submit_load([(key(1), np.zeros(N, np.uint8))])
     tier.close()  # idempotent
+
+
+def test_processes_writing_the_same_keys_while_one_reads(disk, tier_path):
+    root = child_env()["PYTHONPATH"].split(os.pathsep)[0]
+    ids = ",".join(str(i) for i in range(40))
+    writers = [
+        subprocess.Popen(
+            [sys.executable, "-c", CHILD, tier_path, "store", ids],
+            env=child_env(),
+            cwd=root,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    seen = 0
+    while any(w.poll() is None for w in writers):
+        seen += sum(load(disk, list(range(0, 40, 7))))  # hits are checked byte for byte
+    for w in writers:
+        out, err = w.communicate(timeout=120)
+        assert w.returncode == 0, err
+        assert out.strip().splitlines()[-1] == ",".join(["1"] * 40)
+    assert load(disk, list(range(40))) == [True] * 40
+    assert disk.stats().corrupt == 0
+    assert [f for _, _, fs in os.walk(tier_path) for f in fs if f.endswith(".tmp")] == []
