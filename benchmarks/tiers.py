@@ -51,6 +51,7 @@ from jax_kvoffload.tiers import (
 from jax_kvoffload.tiers._crc import crc32c, crc32c_numpy
 
 MiB = 1 << 20
+NAN = float("nan")
 NS = bytes(range(32))
 COLS = ["tier", "op", "bytes_MiB", "tier_GBps", "baseline", "baseline_GBps", "ratio", "target"]
 
@@ -198,23 +199,27 @@ def bench_disk(args, out_rows: list[dict]) -> None:
                 ("seq1", "sequential O_DIRECT"),
                 ("files", "bare file per chunk, 8 threads,"),
             ):
-                out_rows.append(
-                    {
-                        "tier": "-",
-                        "op": f"{what} {op}",
-                        "bytes_MiB": n * size / MiB,
-                        "tier_GBps": float("nan"),
-                        "baseline": "-",
-                        "baseline_GBps": n * size / med[f"{name} {op}"] / 1e9,
-                        "ratio": float("nan"),
-                        "target": "",
-                    }
-                )
+                gbps = n * size / med[f"{name} {op}"] / 1e9
+                out_rows.append(_info("-", f"{what} {op}", n * size, baseline_gbps=gbps))
     finally:
         del rows, dest
         m.close()
         dest_m.close()
         shutil.rmtree(base, ignore_errors=True)
+
+
+def _info(tier: str, op: str, nbytes: int, *, tier_gbps=NAN, baseline_gbps=NAN) -> dict:
+    """A row without a ratio (a baseline alone, a client, a checksum)."""
+    return {
+        "tier": tier,
+        "op": op,
+        "bytes_MiB": nbytes / MiB,
+        "tier_GBps": tier_gbps,
+        "baseline": "-",
+        "baseline_GBps": baseline_gbps,
+        "ratio": NAN,
+        "target": "",
+    }
 
 
 def _row(tier, op, nbytes, tier_s, base_name, base_s, target) -> dict:
@@ -459,18 +464,7 @@ def bench_clients(host: str, port: int, size: int, n: int, out_rows: list[dict])
     for name, (s, g) in clients.items():
         for op, fn in (("client SET", s), ("client GET", g)):
             secs = fn() if name == "coredis" else _report.median(fn, 3, warmup=True)
-            out_rows.append(
-                {
-                    "tier": name,
-                    "op": op,
-                    "bytes_MiB": n * size / MiB,
-                    "tier_GBps": n * size / secs / 1e9,
-                    "baseline": "-",
-                    "baseline_GBps": float("nan"),
-                    "ratio": float("nan"),
-                    "target": "",
-                }
-            )
+            out_rows.append(_info(name, op, n * size, tier_gbps=n * size / secs / 1e9))
     conn.close()
 
 
@@ -479,16 +473,7 @@ def bench_crc(out_rows: list[dict]) -> None:
     for name, fn in ((CRC32C_BACKEND, crc32c), ("numpy fallback", crc32c_numpy)):
         secs = _report.median(lambda fn=fn: fn(data), 3, warmup=True)
         out_rows.append(
-            {
-                "tier": f"CRC32C {name}",
-                "op": "checksum",
-                "bytes_MiB": 8.0,
-                "tier_GBps": data.size / secs / 1e9,
-                "baseline": "-",
-                "baseline_GBps": float("nan"),
-                "ratio": float("nan"),
-                "target": "",
-            }
+            _info(f"CRC32C {name}", "checksum", data.size, tier_gbps=data.size / secs / 1e9)
         )
 
 
