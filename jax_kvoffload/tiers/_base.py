@@ -7,7 +7,7 @@ import threading
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, ClassVar
 
 from jax_kvoffload.tiers._errors import TierClosedError
 
@@ -134,6 +134,9 @@ class SecondaryTier(ABC):
     - **Bounded.** No call waits without bound: I/O has timeouts (network) or is a local
       syscall; `drain(timeout)` and `close()` wait only for running I/O.
     """
+
+    #: Where the bytes live, for medium-tagged transfers: "disk" or "remote".
+    medium: ClassVar[str] = ""
 
     def __init__(self, namespace: bytes) -> None:
         if not isinstance(namespace, bytes) or len(namespace) != 32:

@@ -62,6 +62,8 @@ class DiskTier(SecondaryTier):
         for operators deciding what to clean up.
     """
 
+    medium = "disk"
+
     def __init__(
         self,
         config: DiskTierConfig,

@@ -90,6 +90,8 @@ class RedisTier(SecondaryTier):
     """The Redis-protocol secondary tier (contract: `SecondaryTier`; options:
     `RedisTierConfig`). Opening it does not need the server to be up."""
 
+    medium = "remote"
+
     def __init__(self, config: RedisTierConfig, namespace: bytes) -> None:
         super().__init__(namespace)
         if not isinstance(config, RedisTierConfig):

@@ -60,6 +60,7 @@ def test_round_trip_and_already_present(disk):
     assert again.all_ok and again.nbytes == 0  # "already exists" is success, nothing written
     s = disk.stats()
     assert (s.keys_stored, s.keys_already_present, s.load_hits, s.load_misses) == (7, 2, 2, 1)
+    assert disk.medium == "disk"
     assert (s.entries, s.corrupt, s.errors) == (5, 0, 0)
 
 

@@ -51,6 +51,7 @@ def test_round_trip_key_format_and_value_layout(redis, redis_server):
     assert load(redis, [4, 9, 0]) == [True, False, True]
     s = redis.stats()
     assert (s.keys_stored, s.load_hits, s.load_misses, s.corrupt, s.errors) == (5, 2, 1, 0, 0)
+    assert redis.medium == "remote"
 
 
 def test_batches_spread_a_large_job_over_connections(redis_server):
