@@ -1,0 +1,213 @@
+"""Our tiers inside vLLM 0.33.0's `TieringOffloadingSpec`, as out-of-tree tiers.
+
+vLLM's `SecondaryTierFactory` imports `module_path` and takes the class named by `type`:
+
+    "secondary_tiers": [
+        {"type": "JaxDiskTier", "module_path": "jax_kvoffload.bridge._vllm_tiers",
+         "path": "/var/cache/jax-kvoffload", "capacity_bytes": "200GiB"},
+        {"type": "JaxRedisTier", "module_path": "jax_kvoffload.bridge._vllm_tiers",
+         "url": "redis://cache.internal:6379/0"}
+    ]
+
+The other keys are the options of `DiskTierConfig` / `RedisTierConfig` (docs/tiers.md),
+checked by the same parser as our own `secondary_tiers`. Each tier stores whole rows of
+vLLM's primary (CPU) tier, one entry per offload key, in the namespace of the spec's
+`OffloadingConfig` (`namespace_digest(..., rank=None)`: a row holds every worker's bytes).
+
+Lookups go through vLLM's own `AsyncLookupManager` (the first lookup of a key answers
+RETRY while a background thread asks the tier), as vLLM's `fs` tier does. A load that
+misses some keys reports the others in `successful_keys` and marks the rest as misses.
+
+Importing this module imports neither vLLM nor torch; the classes are built (and vLLM
+imported) on first attribute access.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+from typing import TYPE_CHECKING, Any
+
+from jax_kvoffload.config._tiers import tier_config_from_dict
+
+__all__ = ["JaxDiskTier", "JaxRedisTier", "build_tier_classes"]
+
+logger = logging.getLogger(__name__)
+
+if TYPE_CHECKING:  # built on first access by __getattr__ (they import vLLM)
+    JaxDiskTier: type
+    JaxRedisTier: type
+
+_LAZY = ("JaxDiskTier", "JaxRedisTier")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return build_tier_classes()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+@functools.cache
+def build_tier_classes() -> dict[str, type]:
+    """Returns `{"JaxDiskTier": ..., "JaxRedisTier": ...}` (vLLM subclasses)."""
+    from vllm.v1.kv_offload.base import (
+        Locality,
+        LookupResult,
+        Medium,
+        OffloadingEvent,
+        RequestOffloadingContext,
+    )
+    from vllm.v1.kv_offload.tiering.async_lookup import AsyncLookupManager
+    from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager
+    from vllm.v1.metrics.cache_hit_source import CacheHitSource
+
+    from jax_kvoffload.bridge._vllm_spec import our_offloading_config
+    from jax_kvoffload.tiers import namespace_digest, namespace_fields, open_tier
+
+    class _Lookup(AsyncLookupManager):
+        def __init__(self, tier: Any, tier_type: str) -> None:
+            super().__init__(tier_type=tier_type)
+            self._tier = tier
+
+        def batch_lookup(self, keys, req_context):
+            return self._tier.contains([bytes(k) for k in keys])
+
+    class _JaxTierManager(SecondaryTierManager):
+        """One of our tiers behind vLLM's tiering manager (see the module docstring)."""
+
+        _ours: str = ""
+
+        def __init__(
+            self,
+            offloading_spec: Any,
+            primary_kv_view: memoryview,
+            tier_type: str,
+            backpressure_detector: Any = None,
+            **options: Any,
+        ) -> None:
+            super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
+            config = tier_config_from_dict(
+                {"type": self._ours, **options}, f"secondary_tiers[type={tier_type!r}]"
+            )
+            ours = our_offloading_config(offloading_spec.config)
+            self._tier = open_tier(config, namespace_digest(ours), describe=namespace_fields(ours))
+            self._rows = primary_kv_view.cast("B")
+            self._row_bytes = self.block_size_bytes
+            default = Locality.REMOTE if self._ours == "redis" else None
+            self.locality = Locality(config.locality) if config.locality else default
+            self._events: list | None = None
+            if config.enable_kv_events:
+                if offloading_spec.kv_events_config.enable_kv_cache_events:
+                    self._events = []
+                else:
+                    logger.warning(
+                        "enable_kv_events is set on tier %r but KV cache events are "
+                        "disabled globally; the tier emits none",
+                        tier_type,
+                    )
+            self._jobs: dict[int, tuple[Any, bool]] = {}
+            self._lookup = _Lookup(self._tier, tier_type)
+
+        def _row(self, chunk_id: int) -> memoryview:
+            start = int(chunk_id) * self._row_bytes
+            return self._rows[start : start + self._row_bytes]
+
+        def _items(self, job: Any) -> list[tuple[bytes, memoryview]]:
+            return [(bytes(k), self._row(c)) for k, c in zip(job.keys, job.chunk_ids, strict=True)]
+
+        def lookup(self, key, req_context):
+            found = self._lookup.lookup(key, req_context)
+            if found is None:
+                return LookupResult.RETRY
+            return LookupResult.HIT if found else LookupResult.MISS
+
+        def submit_store(self, job_metadata) -> None:
+            future = self._tier.submit_store(self._items(job_metadata))
+            self._jobs[job_metadata.job_id] = (future, False)
+
+        def submit_load(self, job_metadata) -> None:
+            future = self._tier.submit_load(self._items(job_metadata))
+            self._jobs[job_metadata.job_id] = (future, True)
+
+        def get_finished_jobs(self):
+            results = []
+            for job_id, (future, is_load) in list(self._jobs.items()):
+                if not future.done():
+                    continue
+                del self._jobs[job_id]
+                r = future.result()
+                ok_keys = r.ok_keys
+                if is_load and r.failed_keys:
+                    self._lookup.mark_miss(r.failed_keys)
+                if not is_load and self._events is not None and ok_keys:
+                    self._events.append(
+                        OffloadingEvent(
+                            keys=list(ok_keys),
+                            medium=self.medium,
+                            removed=False,
+                            locality=self.locality,
+                        )
+                    )
+                partial = is_load and not r.all_ok and ok_keys
+                results.append(
+                    JobResult(
+                        job_id=job_id,
+                        success=r.all_ok,
+                        successful_keys=tuple(ok_keys) if partial else None,
+                        transfer_time=r.seconds,
+                        transfer_bytes=r.nbytes or None,
+                    )
+                )
+            return results
+
+        def has_pending_work(self) -> bool:
+            return bool(self._jobs)
+
+        def take_events(self):
+            if self._events:
+                events, self._events = self._events, []
+                yield from events
+
+        def on_new_request(self, req_context):
+            return RequestOffloadingContext()
+
+        def on_request_finished(self, req_context) -> None:
+            self._lookup.cleanup(req_context.req_id)
+
+        def on_schedule_end(self, context) -> None:
+            self._lookup.flush()
+
+        def drain_jobs(self) -> None:
+            # Every tier I/O is bounded (local syscalls, network timeouts), so this ends.
+            self._tier.drain()
+
+        def shutdown(self) -> None:
+            self._lookup.shutdown()
+            self._tier.close()
+            self._jobs.clear()
+            # vLLM releases the primary view after the tiers: our views must be gone.
+            with contextlib.suppress(BufferError):
+                self._rows.release()
+
+        @property
+        def tier(self) -> Any:
+            """Our `SecondaryTier` underneath (its `stats()`, for tests and tools)."""
+            return self._tier
+
+    class JaxDiskTier(_JaxTierManager):
+        """`DiskTier` as a vLLM secondary tier (medium STORAGE: hits count as disk)."""
+
+        medium = Medium.STORAGE
+        _ours = "disk"
+
+    class JaxRedisTier(_JaxTierManager):
+        """`RedisTier` as a vLLM secondary tier (a remote store; locality REMOTE)."""
+
+        medium = Medium.STORAGE
+        cache_hit_source = CacheHitSource.EXTERNAL_UNSPECIFIED
+        _ours = "redis"
+
+    for cls in (JaxDiskTier, JaxRedisTier):
+        cls.__module__ = __name__
+    return {"JaxDiskTier": JaxDiskTier, "JaxRedisTier": JaxRedisTier}

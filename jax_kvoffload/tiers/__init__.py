@@ -1,0 +1,67 @@
+"""Secondary tiers behind the host store: a crash-safe disk tier and a shared tier on a
+Redis-protocol server (docs/tiers.md).
+
+Both implement `SecondaryTier` (the contract is its docstring) and store self-describing
+entries (`_entry.py`): a header with the namespace digest of the engine's
+`OffloadingConfig`, the key, the length and a CRC32C of the payload. A hit never returns
+wrong bytes. `open_tier(config, namespace)` builds a tier from its typed configuration
+(`parse_secondary_tiers` reads vLLM's `secondary_tiers` extra-config key).
+"""
+
+from jax_kvoffload.config._tiers import OUR_TIER_CLASSES as OUR_TIER_CLASSES
+from jax_kvoffload.config._tiers import VLLM_TIER_TYPES as VLLM_TIER_TYPES
+from jax_kvoffload.config._tiers import DiskTierConfig as DiskTierConfig
+from jax_kvoffload.config._tiers import RedisTierConfig as RedisTierConfig
+from jax_kvoffload.config._tiers import TierConfig as TierConfig
+from jax_kvoffload.config._tiers import TierConfigError as TierConfigError
+from jax_kvoffload.config._tiers import VllmTierConfig as VllmTierConfig
+from jax_kvoffload.config._tiers import parse_secondary_tiers as parse_secondary_tiers
+from jax_kvoffload.config._tiers import (
+    secondary_tiers_from_extra_config as secondary_tiers_from_extra_config,
+)
+from jax_kvoffload.config._tiers import tier_config_from_dict as tier_config_from_dict
+from jax_kvoffload.tiers._base import SecondaryTier as SecondaryTier
+from jax_kvoffload.tiers._base import TierJobResult as TierJobResult
+from jax_kvoffload.tiers._base import TierStats as TierStats
+from jax_kvoffload.tiers._crc import CRC32C_BACKEND as CRC32C_BACKEND
+from jax_kvoffload.tiers._crc import crc32c as crc32c
+from jax_kvoffload.tiers._disk import DiskTier as DiskTier
+from jax_kvoffload.tiers._entry import ENTRY_VERSION as ENTRY_VERSION
+from jax_kvoffload.tiers._entry import namespace_digest as namespace_digest
+from jax_kvoffload.tiers._entry import namespace_fields as namespace_fields
+from jax_kvoffload.tiers._errors import DirectIOUnavailableError as DirectIOUnavailableError
+from jax_kvoffload.tiers._errors import TierClosedError as TierClosedError
+from jax_kvoffload.tiers._errors import TierKeyError as TierKeyError
+from jax_kvoffload.tiers._errors import TierStateError as TierStateError
+from jax_kvoffload.tiers._errors import UnsafeDirectoryError as UnsafeDirectoryError
+from jax_kvoffload.tiers._factory import open_tier as open_tier
+from jax_kvoffload.tiers._redis import RedisTier as RedisTier
+
+__all__ = [
+    "CRC32C_BACKEND",
+    "ENTRY_VERSION",
+    "OUR_TIER_CLASSES",
+    "VLLM_TIER_TYPES",
+    "DirectIOUnavailableError",
+    "DiskTier",
+    "DiskTierConfig",
+    "RedisTier",
+    "RedisTierConfig",
+    "SecondaryTier",
+    "TierClosedError",
+    "TierConfig",
+    "TierConfigError",
+    "TierJobResult",
+    "TierKeyError",
+    "TierStateError",
+    "TierStats",
+    "UnsafeDirectoryError",
+    "VllmTierConfig",
+    "crc32c",
+    "namespace_digest",
+    "namespace_fields",
+    "open_tier",
+    "parse_secondary_tiers",
+    "secondary_tiers_from_extra_config",
+    "tier_config_from_dict",
+]

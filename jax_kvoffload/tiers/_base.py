@@ -1,0 +1,211 @@
+"""The abstract secondary tier, its job results and its counters."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+from typing import Any, ClassVar
+
+from jax_kvoffload.tiers._errors import TierClosedError
+
+__all__ = ["SecondaryTier", "TierJobResult", "TierStats"]
+
+Buffer = Any  # any object exporting a contiguous buffer (bytes, memoryview, numpy array)
+
+
+@dataclass(frozen=True)
+class TierJobResult:
+    """How one store or load job ended.
+
+    Attributes:
+      kind: "store" or "load".
+      keys: the job's keys, in submission order.
+      ok: per key: stored (a store; "already there" counts) or loaded with verified bytes
+        (a load). A False load leaves that key's `out` buffer unspecified.
+      dropped: a store refused whole under backpressure (nothing was written).
+      nbytes: payload bytes moved.
+      seconds: wall time from submission to completion.
+    """
+
+    kind: str
+    keys: tuple[bytes, ...]
+    ok: tuple[bool, ...]
+    dropped: bool = False
+    nbytes: int = 0
+    seconds: float = 0.0
+
+    @property
+    def all_ok(self) -> bool:
+        return all(self.ok) and not self.dropped
+
+    @property
+    def ok_keys(self) -> tuple[bytes, ...]:
+        return tuple(k for k, ok in zip(self.keys, self.ok, strict=True) if ok)
+
+    @property
+    def failed_keys(self) -> tuple[bytes, ...]:
+        return tuple(k for k, ok in zip(self.keys, self.ok, strict=True) if not ok)
+
+
+@dataclass(frozen=True)
+class TierStats:
+    """A snapshot of a tier's counters (since it was opened) and occupancy.
+
+    `stores_dropped` / `keys_dropped`: store jobs / keys refused under backpressure or
+    while the backend was down. `corrupt`: entries that failed a check on read (removed
+    where the tier can remove them). `errors`: I/O or connection failures.
+    """
+
+    stores_submitted: int = 0
+    stores_dropped: int = 0
+    keys_dropped: int = 0
+    keys_stored: int = 0
+    keys_already_present: int = 0
+    store_failures: int = 0
+    bytes_written: int = 0
+    loads_submitted: int = 0
+    load_hits: int = 0
+    load_misses: int = 0
+    bytes_read: int = 0
+    lookups: int = 0
+    lookup_hits: int = 0
+    corrupt: int = 0
+    errors: int = 0
+    evictions: int = 0
+    bytes_evicted: int = 0
+    entries: int = 0
+    bytes_used: int = 0
+
+
+class Counters:
+    """Thread-safe counters behind `TierStats` (implementations add to them)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._values = {f.name: 0 for f in fields(TierStats)}
+
+    def add(self, **deltas: int) -> None:
+        with self._lock:
+            for name, delta in deltas.items():
+                self._values[name] += delta
+
+    def set(self, **values: int) -> None:
+        with self._lock:
+            self._values.update(values)
+
+    def snapshot(self) -> TierStats:
+        with self._lock:
+            return TierStats(**self._values)
+
+
+class SecondaryTier(ABC):
+    """A store of chunk payloads behind the host tier, keyed by offload keys.
+
+    Contract, for every implementation:
+
+    - **Entries, bytes in and out.** An entry maps (the tier's namespace, a key) to
+      payload bytes; keys are offload keys (block hash + 4-byte group index, at most
+      1024 bytes). Every entry carries the header of `_entry.py`; a read checks
+      namespace, key, length and both CRC32Cs. A hit delivers exactly the bytes stored;
+      anything else (absent, another namespace, torn, corrupted, evicted meanwhile) is a
+      miss, and a bad entry is removed. Never a wrong byte, whatever crashed when.
+    - **Atomicity.** Storing one key is atomic: a reader sees no entry or the whole
+      entry. A job of several keys is not: each key succeeds or fails alone
+      (`TierJobResult.ok`). Storing a key that exists succeeds without rewriting it or
+      overwrites it with the same bytes.
+    - **Asynchrony.** `submit_store` / `submit_load` return a `concurrent.futures.Future`
+      at once; the I/O runs on the tier's own threads, loads and stores on separate
+      ones, so loads never wait behind stores. `lookup_async` never blocks;
+      `contains` blocks for at most the tier's timeouts.
+    - **Backpressure.** A store the tier cannot take now (too many bytes queued, the
+      backend down) is dropped: its future is already done with `dropped=True`, and
+      `TierStats.stores_dropped` counts it. Submitting never waits for I/O.
+    - **Buffers.** A payload given to `submit_store` must stay valid and unchanged
+      until its future is done (the caller pins its host row). The `out` buffers of
+      `submit_load` are written by the tier's threads until the future is done; a key
+      that missed leaves its buffer unspecified (it may hold part of a rejected entry).
+    - **Threads.** Every method may be called from any thread, concurrently. Failures
+      inside jobs never raise to the caller: they are misses / failed keys, logged once
+      per kind and counted. Each job's future completes exactly once, also on `close()`
+      (queued jobs then fail).
+    - **Bounded.** No call waits without bound: I/O has timeouts (network) or is a local
+      syscall; `drain(timeout)` and `close()` wait only for running I/O.
+    """
+
+    #: Where the bytes live, for medium-tagged transfers: "disk" or "remote".
+    medium: ClassVar[str] = ""
+
+    def __init__(self, namespace: bytes) -> None:
+        if not isinstance(namespace, bytes) or len(namespace) != 32:
+            got = f"{len(namespace)} bytes" if isinstance(namespace, bytes) else type(namespace)
+            raise TypeError(
+                f"namespace must be the 32-byte digest of namespace_digest(config), got {got}"
+            )
+        self._namespace = namespace
+        self._counters = Counters()
+        self._lookup_pool: cf.ThreadPoolExecutor | None = None
+        self._lookup_lock = threading.Lock()
+        self._closed = False
+
+    @property
+    def namespace(self) -> bytes:
+        """The 32-byte namespace digest every entry of this tier carries."""
+        return self._namespace
+
+    @abstractmethod
+    def contains(self, keys: Sequence[bytes]) -> list[bool]:
+        """Whether each key has an entry now (a later load may still miss: an entry
+        can be evicted or found corrupt in between). Errors answer False."""
+
+    @abstractmethod
+    def submit_store(self, items: Sequence[tuple[bytes, Buffer]]) -> cf.Future[TierJobResult]:
+        """Stores `(key, payload)` pairs; returns at once (see the class contract)."""
+
+    @abstractmethod
+    def submit_load(self, items: Sequence[tuple[bytes, Buffer]]) -> cf.Future[TierJobResult]:
+        """Loads each key's payload into its writable `out` buffer of the exact payload
+        length; a key whose entry is absent or fails a check is a miss."""
+
+    @abstractmethod
+    def drain(self, timeout: float | None = None) -> bool:
+        """Waits until every submitted job has completed; False if `timeout` ran out."""
+
+    @abstractmethod
+    def _close_io(self) -> None:
+        """Stops the I/O threads (running I/O finishes; queued jobs fail)."""
+
+    def lookup_async(self, keys: Sequence[bytes]) -> cf.Future[list[bool]]:
+        """`contains(keys)` on the tier's lookup thread; never blocks the caller."""
+        self._check_open()
+        with self._lookup_lock:
+            if self._lookup_pool is None:
+                self._lookup_pool = cf.ThreadPoolExecutor(1, thread_name_prefix="tier-lookup")
+            return self._lookup_pool.submit(self.contains, list(keys))
+
+    def stats(self) -> TierStats:
+        """Counters since the tier was opened, and its occupancy."""
+        return self._counters.snapshot()
+
+    def close(self) -> None:
+        """Stops the tier's threads; idempotent. Stored entries persist."""
+        if self._closed:
+            return
+        self._closed = True
+        with self._lookup_lock:
+            pool, self._lookup_pool = self._lookup_pool, None
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+        self._close_io()
+
+    def __enter__(self) -> SecondaryTier:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise TierClosedError(f"{type(self).__name__} is closed; open a new one")

@@ -1,0 +1,431 @@
+"""DiskTier: one checked file per chunk in a private, sharded, crash-safe directory.
+
+Layout: `<path>/<namespace 16 hex>/<aa>/<bb>/<blake2b(key) hex>.kv` (docs/tiers.md).
+A store writes the entry (header block of 4 KiB, then the payload) to a temporary name
+created 0600 with `O_EXCL | O_NOFOLLOW`, fsyncs it, renames it into place and fsyncs the
+directory; a reader therefore finds no file or a whole one. A file that exists already
+is a successful store. Every read checks the header and the payload CRC32C; a file that
+fails any check (torn by a crash, truncated, corrupted, another namespace or key) is a
+miss and is removed. With direct I/O (probed at start), page-aligned host rows are read
+and written in place; other buffers pass through a per-thread aligned staging buffer.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import contextlib
+import errno
+import itertools
+import logging
+import os
+import stat
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from jax_kvoffload.config._tiers import DiskTierConfig
+from jax_kvoffload.tiers._base import Buffer, SecondaryTier, TierJobResult
+from jax_kvoffload.tiers._crc import crc32c, warn_if_slow
+from jax_kvoffload.tiers._disk_fs import (
+    ALIGN,
+    StagingBuffer,
+    entry_name,
+    is_aligned,
+    open_private_dir,
+    open_private_root,
+    probe_direct_io,
+)
+from jax_kvoffload.tiers._disk_index import DiskIndex, scan_root
+from jax_kvoffload.tiers._entry import check_header, encode_header
+from jax_kvoffload.tiers._errors import DirectIOUnavailableError
+from jax_kvoffload.tiers._jobs import JobRunner
+from jax_kvoffload.tiers._payload import check_items, check_keys, log_once
+
+__all__ = ["DiskTier"]
+
+logger = logging.getLogger(__name__)
+
+_O_DIRECT = getattr(os, "O_DIRECT", 0)
+_seq = itertools.count()
+
+
+class DiskTier(SecondaryTier):
+    """The local-disk secondary tier (contract: `SecondaryTier`; options: `DiskTierConfig`).
+
+    Args:
+      config: the typed options (`path`, `capacity_bytes`, threads, ...).
+      namespace: `namespace_digest(offloading_config)`; entries of other namespaces in
+        the same directory are never read as this one's.
+      describe: optional JSON-ready description of the namespace (e.g.
+        `namespace_fields(config)`), written once to `<namespace dir>/namespace.json`
+        for operators deciding what to clean up.
+    """
+
+    medium = "disk"
+
+    def __init__(
+        self,
+        config: DiskTierConfig,
+        namespace: bytes,
+        *,
+        describe: Mapping[str, Any] | None = None,
+    ) -> None:
+        super().__init__(namespace)
+        if not isinstance(config, DiskTierConfig):
+            raise TypeError(f"config must be a DiskTierConfig, got {type(config).__name__}")
+        self.config = config
+        warn_if_slow()
+        self._root_fd = open_private_root(config.path)
+        self._ns_name = namespace[:8].hex()
+        try:
+            self._ns_fd, _ = open_private_dir(self._root_fd, self._ns_name, config.path)
+        except BaseException:
+            os.close(self._root_fd)
+            raise
+        probed = config.direct_io != "off" and probe_direct_io(self._ns_fd)
+        if config.direct_io == "on" and not probed:
+            self._close_fds()
+            raise DirectIOUnavailableError(
+                f"direct_io='on' but the filesystem of {config.path!r} refuses O_DIRECT "
+                "(tmpfs, overlayfs and some network filesystems do); use direct_io='auto'"
+            )
+        self.direct_io = bool(probed)
+        if describe is not None:
+            self._write_description(describe)
+        self._index = DiskIndex(config.capacity_bytes, self._counters)
+        self._remove_lock = threading.Lock()
+        self._runner = JobRunner(
+            f"disk-tier-{self._ns_name[:6]}",
+            config.read_threads,
+            config.write_threads,
+            config.max_pending_store_bytes,
+            self._counters,
+            make_state=lambda kind: StagingBuffer(),
+            close_state=lambda buf: buf.close(),
+        )
+        self._scan_done = threading.Event()
+        self._scan_stop = threading.Event()
+        self._scanner = threading.Thread(target=self._rescan, name="disk-tier-rescan", daemon=True)
+        self._scanner.start()
+        logger.info(
+            "disk tier at %s: namespace %s, budget %d bytes, %s I/O",
+            config.path,
+            self._ns_name,
+            config.capacity_bytes,
+            "direct" if self.direct_io else "buffered",
+        )
+
+    # ---- public API --------------------------------------------------------------------
+
+    def contains(self, keys: Sequence[bytes]) -> list[bool]:
+        self._check_open()
+        check_keys(keys)
+        out = []
+        for key in keys:
+            aa, bb, name = entry_name(self._namespace, key)
+            rel = f"{aa}/{bb}/{name}"
+            try:
+                st = os.stat(rel, dir_fd=self._ns_fd, follow_symlinks=False)
+                hit = stat.S_ISREG(st.st_mode)
+            except OSError:
+                hit = False
+            out.append(hit)
+        self._counters.add(lookups=len(out), lookup_hits=sum(out))
+        return out
+
+    def submit_store(self, items: Sequence[tuple[bytes, Buffer]]) -> cf.Future[TierJobResult]:
+        self._check_open()
+        views = check_items(items, "items")
+        self._counters.add(stores_submitted=1)
+        tasks = [(i, i + 1, self._store_task(key, view)) for i, (key, view) in enumerate(views)]
+        nbytes = sum(len(v) for _, v in views)
+        return self._runner.submit("store", [k for k, _ in views], tasks, nbytes)
+
+    def submit_load(self, items: Sequence[tuple[bytes, Buffer]]) -> cf.Future[TierJobResult]:
+        self._check_open()
+        views = check_items(items, "items", writable=True)
+        self._counters.add(loads_submitted=1)
+        tasks = [(i, i + 1, self._load_task(key, view)) for i, (key, view) in enumerate(views)]
+        return self._runner.submit("load", [k for k, _ in views], tasks, 0)
+
+    def drain(self, timeout: float | None = None) -> bool:
+        return self._runner.drain(timeout)
+
+    def wait_rescan(self, timeout: float | None = None) -> bool:
+        """Waits for the start-up scan of the directory (tests, tools)."""
+        return self._scan_done.wait(timeout)
+
+    def _close_io(self) -> None:
+        self._scan_stop.set()  # close() does not wait for a long start-up scan
+        self._runner.close()
+        self._scanner.join()
+        self._close_fds()
+
+    def _close_fds(self) -> None:
+        for fd in (getattr(self, "_ns_fd", -1), self._root_fd):
+            if fd >= 0:
+                os.close(fd)
+        self._ns_fd = self._root_fd = -1
+
+    # ---- store ---------------------------------------------------------------------------
+
+    def _store_task(self, key: bytes, payload: memoryview):
+        def run(stage: StagingBuffer) -> tuple[list[bool], int]:
+            ok, moved = self._store_one(stage, key, payload)
+            return [ok], moved
+
+        return run
+
+    def _store_one(self, stage: StagingBuffer, key: bytes, payload: memoryview) -> tuple[bool, int]:
+        aa, bb, name = entry_name(self._namespace, key)
+        rel = f"{self._ns_name}/{aa}/{bb}/{name}"
+        n = len(payload)
+        hlen = ALIGN
+        total = hlen + n
+        if total > self._index.capacity_bytes:
+            log_once(
+                logger,
+                "disk-too-big",
+                "disk tier: an entry of %d bytes exceeds the "
+                "budget capacity_bytes=%d; such chunks are not stored",
+                total,
+                self._index.capacity_bytes,
+            )
+            self._counters.add(store_failures=1)
+            return False, 0
+        try:
+            leaf, created = self._leaf_dir(aa, bb)
+        except OSError as e:
+            self._io_error("store", e)
+            return False, 0
+        tmp = f".{name}.{os.getpid()}.{threading.get_native_id()}.{next(_seq)}.tmp"
+        fd = -1
+        try:
+            try:
+                st = os.stat(name, dir_fd=leaf, follow_symlinks=False)
+                if stat.S_ISREG(st.st_mode):
+                    self._counters.add(keys_already_present=1, keys_stored=1)
+                    self._index.touch(rel, st.st_size)
+                    return True, 0
+            except FileNotFoundError:
+                pass
+            header = encode_header(self._namespace, key, n, crc32c(payload), align=ALIGN)
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+            fd = os.open(tmp, flags | (_O_DIRECT if self.direct_io else 0), 0o600, dir_fd=leaf)
+            if not self.direct_io:
+                _write_all(fd, [header, payload], total)
+                size = total
+            elif is_aligned(payload):
+                head = stage.view(ALIGN)
+                head[:] = header
+                _write_all(fd, [head, payload], total)
+                size = total
+            else:
+                size = -(-total // ALIGN) * ALIGN
+                buf = stage.view(size)
+                buf[:hlen] = header
+                buf[hlen:total] = payload
+                buf[total:] = bytes(size - total)
+                _write_all(fd, [buf], size)
+            if self.config.fsync:
+                os.fdatasync(fd)
+            os.close(fd)
+            fd = -1
+            os.rename(tmp, name, src_dir_fd=leaf, dst_dir_fd=leaf)
+            if self.config.fsync:
+                os.fsync(leaf)
+                if created:
+                    self._fsync_parents(aa)
+        except OSError as e:
+            if fd >= 0:
+                os.close(fd)
+            _unlink_quietly(leaf, tmp)
+            self._io_error("store", e)
+            return False, 0
+        finally:
+            os.close(leaf)
+        self._counters.add(keys_stored=1, bytes_written=n)
+        self._index.add(rel, size)
+        self._evict(keep=rel)
+        return True, n
+
+    def _leaf_dir(self, aa: str, bb: str) -> tuple[int, bool]:
+        where = f"{self.config.path}/{self._ns_name}"
+        aa_fd, aa_new = open_private_dir(self._ns_fd, aa, where)
+        try:
+            leaf, bb_new = open_private_dir(aa_fd, bb, f"{where}/{aa}")
+            if bb_new and self.config.fsync:
+                os.fsync(aa_fd)
+        finally:
+            os.close(aa_fd)
+        return leaf, aa_new
+
+    def _fsync_parents(self, aa: str) -> None:
+        os.fsync(self._ns_fd)
+
+    # ---- load ----------------------------------------------------------------------------
+
+    def _load_task(self, key: bytes, out: memoryview):
+        def run(stage: StagingBuffer) -> tuple[list[bool], int]:
+            ok = self._load_one(stage, key, out)
+            self._counters.add(load_hits=int(ok), load_misses=int(not ok))
+            if ok:
+                self._counters.add(bytes_read=len(out))
+            return [ok], len(out) if ok else 0
+
+        return run
+
+    def _load_one(self, stage: StagingBuffer, key: bytes, out: memoryview) -> bool:
+        aa, bb, name = entry_name(self._namespace, key)
+        rel = f"{aa}/{bb}/{name}"
+        n = len(out)
+        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+        try:
+            fd = os.open(rel, flags | (_O_DIRECT if self.direct_io else 0), dir_fd=self._ns_fd)
+        except FileNotFoundError:
+            return False
+        except OSError as e:
+            if e.errno == errno.ELOOP:  # a link where an entry should be: never followed
+                self._reject(rel, None, "symbolic link")
+            else:
+                self._io_error("load", e)
+            return False
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+                self._reject(rel, st, "not a regular file of ours")
+                return False
+            total = ALIGN + n
+            if not total <= st.st_size <= -(-total // ALIGN) * ALIGN:
+                self._reject(rel, st, f"size {st.st_size} for a payload of {n}")
+                return False
+            if not self.direct_io or is_aligned(out):
+                head = stage.view(ALIGN)
+                got = _read_all(fd, [head, out], total)
+            else:
+                size = -(-total // ALIGN) * ALIGN
+                buf = stage.view(size)
+                got = _read_all(fd, [buf], total)
+                head = buf[:ALIGN]
+            if got < total:
+                self._reject(rel, st, "short read")
+                return False
+            hdr = check_header(head, namespace=self._namespace, key=key, payload_len=n)
+            if isinstance(hdr, str):
+                self._reject(rel, st, hdr)
+                return False
+            if self.direct_io and not is_aligned(out):
+                out[:] = buf[ALIGN:total]
+            if crc32c(out) != hdr.payload_crc:
+                self._reject(rel, st, "payload checksum mismatch")
+                return False
+            with contextlib.suppress(OSError):
+                os.utime(fd)  # recency for the LRU, kept across restarts
+            self._index.touch(f"{self._ns_name}/{rel}", st.st_size)
+            return True
+        except OSError as e:
+            self._io_error("load", e)
+            return False
+        finally:
+            os.close(fd)
+
+    def _reject(self, rel: str, st: os.stat_result | None, reason: str) -> None:
+        """Counts a bad entry and removes it (only if the file is still the one read)."""
+        self._counters.add(corrupt=1)
+        log_once(
+            logger,
+            "disk-corrupt",
+            "disk tier: removed a bad entry (%s) at %s/%s/%s; "
+            "further ones are counted in stats().corrupt",
+            reason,
+            self.config.path,
+            self._ns_name,
+            rel,
+        )
+        try:
+            now = os.stat(rel, dir_fd=self._ns_fd, follow_symlinks=False)
+            if st is None or (now.st_ino, now.st_dev) == (st.st_ino, st.st_dev):
+                os.unlink(rel, dir_fd=self._ns_fd)
+        except OSError:
+            pass
+        self._index.discard(f"{self._ns_name}/{rel}")
+
+    # ---- budget, scan, errors ------------------------------------------------------------
+
+    def _evict(self, keep: str | None = None) -> None:
+        for rel, size in self._index.over_budget(keep):
+            try:
+                os.unlink(rel, dir_fd=self._root_fd)
+            except FileNotFoundError:
+                pass
+            except OSError as e:
+                self._io_error("evict", e)
+                continue
+            self._counters.add(evictions=1, bytes_evicted=size)
+
+    def _rescan(self) -> None:
+        try:
+            deadline = time.monotonic() + self.config.rescan_timeout_s
+            entries, finished = scan_root(self._root_fd, deadline, _unlink_quietly, self._scan_stop)
+            self._index.merge_scanned(entries)
+            if not finished and not self._scan_stop.is_set():
+                logger.warning(
+                    "disk tier at %s: the start-up scan stopped after %.1f s with %d entries "
+                    "indexed; other entries are still served and join the index when read",
+                    self.config.path,
+                    self.config.rescan_timeout_s,
+                    len(entries),
+                )
+            self._evict()
+        except Exception:
+            logger.exception("disk tier at %s: start-up scan failed", self.config.path)
+        finally:
+            self._scan_done.set()
+
+    def _io_error(self, op: str, e: OSError) -> None:
+        self._counters.add(errors=1, store_failures=int(op == "store"))
+        log_once(
+            logger,
+            f"disk-{op}-{e.errno}",
+            "disk tier at %s: %s failed: %s; such "
+            "failures are misses / failed stores, counted in stats().errors",
+            self.config.path,
+            op,
+            e,
+        )
+
+    def _write_description(self, describe: Mapping[str, Any]) -> None:
+        import json
+
+        data = json.dumps(dict(describe), indent=2, sort_keys=True).encode()
+        tmp = f".namespace.json.{os.getpid()}.{threading.get_native_id()}.{next(_seq)}.tmp"
+        try:
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+            fd = os.open(tmp, flags, 0o600, dir_fd=self._ns_fd)
+            try:
+                os.write(fd, data)
+            finally:
+                os.close(fd)
+            os.rename(tmp, "namespace.json", src_dir_fd=self._ns_fd, dst_dir_fd=self._ns_fd)
+        except OSError as e:
+            _unlink_quietly(self._ns_fd, tmp)
+            logger.warning("disk tier: could not write namespace.json: %s", e)
+
+
+def _write_all(fd: int, bufs: list[Any], total: int) -> None:
+    # Regular files are written whole or fail; a short count means the disk filled up
+    # mid-write, and the next write would say so.
+    done = os.pwritev(fd, bufs, 0)
+    if done < total:
+        raise OSError(errno.ENOSPC, f"short write: {done} of {total} bytes")
+
+
+def _read_all(fd: int, bufs: list[memoryview], total: int) -> int:
+    # A regular file reads whole up to its end; fewer bytes mean the file is shorter.
+    return os.preadv(fd, bufs, 0)
+
+
+def _unlink_quietly(dir_fd: int, name: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(name, dir_fd=dir_fd)

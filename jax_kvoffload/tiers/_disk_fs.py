@@ -1,0 +1,176 @@
+"""File-system primitives of the disk tier: a private root, names, direct I/O, staging.
+
+Safety rules (DESIGN.md, "Safe to share a machine"): the root directory must be owned by
+this user with no group/other access and must not be a symbolic link; every directory
+we create is 0700 and every file 0600 (`O_EXCL`, so an existing file is never reused);
+files are opened with `O_NOFOLLOW` relative to directory descriptors, and every file we
+read must be a regular file we own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import mmap
+import os
+import stat
+
+import numpy as np
+
+from jax_kvoffload.tiers._errors import UnsafeDirectoryError
+
+__all__ = [
+    "ALIGN",
+    "ENTRY_SUFFIX",
+    "StagingBuffer",
+    "entry_name",
+    "is_aligned",
+    "open_private_dir",
+    "open_private_root",
+    "probe_direct_io",
+]
+
+# Direct I/O needs buffer addresses, offsets and lengths aligned to the logical block
+# size (512 B or 4 KiB on Linux filesystems); 4 KiB satisfies both.
+ALIGN = 4096
+ENTRY_SUFFIX = ".kv"
+_O_DIRECT = getattr(os, "O_DIRECT", 0)
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def entry_name(namespace: bytes, key: bytes) -> tuple[str, str, str]:
+    """(shard 1, shard 2, file name) of an entry: content-addressed by namespace + key.
+
+    BLAKE2b spreads entries evenly over 256 x 256 leaf directories whatever the key
+    distribution (a million entries are ~15 files per directory).
+    """
+    h = hashlib.blake2b(key, digest_size=20, key=namespace[:32]).hexdigest()
+    return h[:2], h[2:4], h + ENTRY_SUFFIX
+
+
+def _check_private(fd: int, path: str) -> None:
+    st = os.fstat(fd)
+    euid = os.geteuid()
+    if st.st_uid != euid:
+        raise UnsafeDirectoryError(
+            f"tier directory {path!r} is owned by uid {st.st_uid}, not by this user "
+            f"(uid {euid}); KV bytes are users' prompts: use a directory of your own"
+        )
+    if st.st_mode & 0o077:
+        raise UnsafeDirectoryError(
+            f"tier directory {path!r} has mode {stat.S_IMODE(st.st_mode):04o}: group or "
+            f"other users can reach users' prompts; run: chmod 700 {path!r}"
+        )
+
+
+def open_private_root(path: str) -> int:
+    """A directory descriptor of `path`, created 0700 if missing, checked private."""
+    parent = os.path.dirname(os.path.abspath(path))
+    os.makedirs(parent, exist_ok=True)
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, 0o700)
+    try:
+        fd = os.open(path, _DIR_FLAGS)
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENOTDIR):
+            real = os.path.realpath(path)
+            kind = "a symbolic link" if os.path.islink(path) else "not a directory"
+            raise UnsafeDirectoryError(
+                f"tier directory {path!r} is {kind}; links are never followed: "
+                f"configure the real directory ({real!r}) instead"
+            ) from None
+        raise
+    try:
+        _check_private(fd, path)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def open_private_dir(parent_fd: int, name: str, where: str) -> tuple[int, bool]:
+    """(descriptor, created) of subdirectory `name`, made 0700 if missing, checked ours."""
+    created = False
+    try:
+        os.mkdir(name, 0o700, dir_fd=parent_fd)
+        created = True
+    except FileExistsError:
+        pass
+    try:
+        fd = os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise UnsafeDirectoryError(
+                f"{where}/{name} is not a directory we made (a link or a file); remove it"
+            ) from None
+        raise
+    try:
+        _check_private(fd, f"{where}/{name}")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, created
+
+
+def probe_direct_io(dir_fd: int) -> bool:
+    """Whether the filesystem of `dir_fd` accepts an O_DIRECT write and read of 4 KiB."""
+    if not _O_DIRECT:
+        return False
+    name = f".direct-probe.{os.getpid()}.{os.urandom(4).hex()}"
+    buf = StagingBuffer(ALIGN)
+    view = buf.view(ALIGN)
+    view[:] = os.urandom(ALIGN)
+    fd = -1
+    try:
+        flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC | _O_DIRECT
+        fd = os.open(name, flags, 0o600, dir_fd=dir_fd)
+        expected = bytes(view)
+        if os.pwrite(fd, view, 0) != ALIGN:
+            return False
+        view[:] = bytes(ALIGN)
+        return os.preadv(fd, [view], 0) == ALIGN and bytes(view) == expected
+    except OSError:
+        return False
+    finally:
+        if fd >= 0:
+            os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(name, dir_fd=dir_fd)
+        buf.close()
+
+
+def is_aligned(view: memoryview) -> bool:
+    """Whether a contiguous byte view may be used directly for O_DIRECT I/O."""
+    if len(view) % ALIGN:
+        return False
+    return np.frombuffer(view, dtype=np.uint8).ctypes.data % ALIGN == 0
+
+
+class StagingBuffer:
+    """Page-aligned scratch memory (anonymous mmap) that grows on demand; one per thread."""
+
+    def __init__(self, size: int = 0) -> None:
+        self._map: mmap.mmap | None = None
+        self._size = 0
+        if size:
+            self._grow(size)
+
+    def _grow(self, size: int) -> None:
+        size = -(-size // ALIGN) * ALIGN
+        self.close()
+        self._map = mmap.mmap(-1, size)
+        self._size = size
+
+    def view(self, size: int) -> memoryview:
+        """A writable view of the first `size` bytes (contents unspecified)."""
+        if size > self._size:
+            self._grow(max(size, 2 * self._size))
+        assert self._map is not None
+        return memoryview(self._map)[:size]
+
+    def close(self) -> None:
+        if self._map is not None:
+            with contextlib.suppress(BufferError):  # a view still exported: GC frees it
+                self._map.close()
+            self._map = None

@@ -1,0 +1,185 @@
+"""The disk tier's byte budget: an LRU index of entry files that survives restarts.
+
+Recency lives in the files themselves: a store creates a file, a hit sets its mtime to
+now (`os.utime` on the open descriptor). At start, a background scan lists every entry
+file under the root (all namespaces share the budget) and orders them by mtime, so the
+least recently used entry of the previous run is evicted first in this one. The scan is
+bounded by `rescan_timeout_s`; entries it did not reach are still served (lookups ask
+the filesystem, not the index) and join the index when read.
+
+It also removes temporary files that a crashed writer left behind: those of a process
+that no longer exists on this host, or older than an hour.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import stat
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+
+from jax_kvoffload.tiers._base import Counters
+from jax_kvoffload.tiers._disk_fs import ENTRY_SUFFIX
+
+__all__ = ["DiskIndex", "scan_root"]
+
+logger = logging.getLogger(__name__)
+
+_NS_DIR = re.compile(r"^[0-9a-f]{16}$")
+_SHARD = re.compile(r"^[0-9a-f]{2}$")
+_TMP = re.compile(r"^\..+\.(\d+)\.\d+\.\d+\.tmp$")
+STALE_TMP_S = 3600.0
+
+
+class DiskIndex:
+    """Entry files (paths relative to the root) in LRU order with their sizes.
+
+    `add`/`touch` move an entry to the most recent end; `over_budget` pops the least
+    recent ones beyond `capacity_bytes` for the caller to unlink. Thread-safe.
+    """
+
+    def __init__(self, capacity_bytes: int, counters: Counters) -> None:
+        self.capacity_bytes = capacity_bytes
+        self._lru: OrderedDict[str, int] = OrderedDict()
+        self._used = 0
+        self._lock = threading.Lock()
+        self._counters = counters
+
+    def _publish(self) -> None:
+        self._counters.set(entries=len(self._lru), bytes_used=self._used)
+
+    def add(self, rel: str, size: int) -> None:
+        with self._lock:
+            old = self._lru.pop(rel, None)
+            self._used += size - (old or 0)
+            self._lru[rel] = size
+            self._publish()
+
+    def touch(self, rel: str, size: int) -> None:
+        """Marks `rel` most recently used (adding it if another process stored it)."""
+        self.add(rel, size)
+
+    def discard(self, rel: str) -> None:
+        with self._lock:
+            size = self._lru.pop(rel, None)
+            if size is not None:
+                self._used -= size
+                self._publish()
+
+    def merge_scanned(self, entries: list[tuple[float, str, int]]) -> None:
+        """Adds scanned `(mtime, rel, size)` entries as older than everything indexed now."""
+        entries.sort()
+        with self._lock:
+            fresh = OrderedDict((rel, size) for _, rel, size in entries if rel not in self._lru)
+            self._used += sum(fresh.values())
+            fresh.update(self._lru)
+            self._lru = fresh
+            self._publish()
+
+    def over_budget(self, keep: str | None = None) -> list[tuple[str, int]]:
+        """Pops least recently used entries until the budget holds (never `keep`)."""
+        victims = []
+        with self._lock:
+            while self._used > self.capacity_bytes and self._lru:
+                rel, size = next(iter(self._lru.items()))
+                if rel == keep:
+                    if len(self._lru) == 1:
+                        break
+                    self._lru.move_to_end(rel)
+                    continue
+                del self._lru[rel]
+                self._used -= size
+                victims.append((rel, size))
+            self._publish()
+        return victims
+
+    @property
+    def used_bytes(self) -> int:
+        return self._used
+
+    def __len__(self) -> int:
+        return len(self._lru)
+
+
+def scan_root(
+    root_fd: int,
+    deadline: float,
+    remove: Callable[[int, str], None],
+    stop: threading.Event | None = None,
+) -> tuple[list[tuple[float, str, int]], bool]:
+    """Lists entry files `(mtime, rel, size)` under the root until `deadline` (or `stop`).
+
+    Returns the entries and whether the scan finished. Only names of our layout are
+    visited (`<16 hex>/<2 hex>/<2 hex>/<name>.kv`), never through a link; stale
+    temporary files are passed to `remove(dir_fd, name)`.
+    """
+    out: list[tuple[float, str, int]] = []
+    me = os.getpid()
+    euid = os.geteuid()
+    now = time.time()
+    for ns, ns_fd in _subdirs(root_fd, _NS_DIR):
+        try:
+            for aa, aa_fd in _subdirs(ns_fd, _SHARD):
+                try:
+                    for bb, bb_fd in _subdirs(aa_fd, _SHARD):
+                        try:
+                            if time.monotonic() > deadline or (stop and stop.is_set()):
+                                return out, False
+                            _scan_leaf(bb_fd, f"{ns}/{aa}/{bb}", out, me, euid, now, remove)
+                        finally:
+                            os.close(bb_fd)
+                finally:
+                    os.close(aa_fd)
+        finally:
+            os.close(ns_fd)
+    return out, True
+
+
+def _subdirs(dir_fd: int, pattern: re.Pattern[str]):
+    try:
+        with os.scandir(dir_fd) as it:
+            names = [e.name for e in it if pattern.match(e.name)]
+    except OSError:
+        return
+    for name in names:
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=dir_fd)
+        except OSError:
+            continue  # a link or a file where a directory should be: not ours, skip
+        yield name, fd
+
+
+def _scan_leaf(fd, rel_dir, out, me, euid, now, remove) -> None:
+    with os.scandir(fd) as it:
+        names = [e.name for e in it]
+    for name in names:
+        try:
+            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+        except OSError:
+            continue
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != euid:
+            continue
+        if name.endswith(ENTRY_SUFFIX) and not name.startswith("."):
+            out.append((st.st_mtime, f"{rel_dir}/{name}", st.st_size))
+            continue
+        m = _TMP.match(name)
+        if m and _stale_tmp(int(m.group(1)), me, now - st.st_mtime):
+            remove(fd, name)
+
+
+def _stale_tmp(pid: int, me: int, age: float) -> bool:
+    if pid == me:
+        return False
+    if age > STALE_TMP_S:
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False

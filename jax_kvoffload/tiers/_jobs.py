@@ -1,0 +1,185 @@
+"""Job queues of a tier: separate load and store threads, a byte bound on queued stores.
+
+A job is a list of keys split into tasks (a task covers a run of keys: one file on disk,
+one pipelined batch on a Redis connection). Load tasks go to the load queue, store tasks
+to the store queue; each queue has its own threads, so a load never waits behind a
+store. A store job that would push the queued store bytes past the bound is dropped at
+submission (its future is done at once, `dropped=True`): the engine never waits for a
+slow tier. Every job's future completes exactly once, also when the runner closes.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from jax_kvoffload.tiers._base import Counters, TierJobResult
+
+__all__ = ["JobRunner", "Task"]
+
+logger = logging.getLogger(__name__)
+
+# A task gets its thread's state (a staging buffer, a connection) and returns, for each
+# of its keys in order, whether it succeeded, plus the payload bytes it moved.
+TaskFn = Callable[[Any], tuple[list[bool], int]]
+Task = tuple[int, int, TaskFn]  # keys [start, stop) of the job, and the work
+
+
+class _Job:
+    __slots__ = ("cost", "future", "keys", "kind", "lock", "nbytes", "ok", "remaining", "start")
+
+    def __init__(self, kind: str, keys: tuple[bytes, ...], ntasks: int, cost: int) -> None:
+        self.future: cf.Future[TierJobResult] = cf.Future()
+        self.kind = kind
+        self.keys = keys
+        self.ok = [False] * len(keys)
+        self.remaining = ntasks
+        self.nbytes = 0
+        self.start = time.monotonic()
+        self.cost = cost
+        self.lock = threading.Lock()
+
+
+class JobRunner:
+    """Load and store worker threads with their queues, for one tier.
+
+    Args:
+      name: thread-name prefix.
+      read_threads / write_threads: threads serving the load / store queue.
+      max_pending_store_bytes: bound on queued and running store bytes.
+      make_state: builds one thread's state, called on that thread with "load"/"store".
+      close_state: releases it when the thread ends.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        read_threads: int,
+        write_threads: int,
+        max_pending_store_bytes: int,
+        counters: Counters,
+        make_state: Callable[[str], Any] = lambda kind: None,
+        close_state: Callable[[Any], None] = lambda state: None,
+    ) -> None:
+        self._counters = counters
+        self._limit = max_pending_store_bytes
+        self._make_state = make_state
+        self._close_state = close_state
+        self._cond = threading.Condition()
+        self._queues: dict[str, deque[tuple[_Job, Task]]] = {"load": deque(), "store": deque()}
+        self._pending_store_bytes = 0
+        self._inflight = 0
+        self._stop = False
+        self._threads = [
+            threading.Thread(target=self._work, args=(kind,), name=f"{name}-{kind}{i}", daemon=True)
+            for kind, n in (("load", read_threads), ("store", write_threads))
+            for i in range(n)
+        ]
+        for t in self._threads:
+            t.start()
+
+    @property
+    def pending_store_bytes(self) -> int:
+        return self._pending_store_bytes
+
+    def submit(
+        self,
+        kind: str,
+        keys: Sequence[bytes],
+        tasks: Sequence[Task],
+        nbytes: int,
+        *,
+        accept: Callable[[], bool] = lambda: True,
+    ) -> cf.Future[TierJobResult]:
+        """Queues a job; a store over the byte bound (or refused by `accept`) is dropped."""
+        keys = tuple(keys)
+        cost = nbytes if kind == "store" else 0
+        job = _Job(kind, keys, len(tasks), cost)
+        with self._cond:
+            if self._stop:
+                return self._done_now(job, dropped=kind == "store")
+            if kind == "store":
+                over = self._pending_store_bytes and self._pending_store_bytes + cost > self._limit
+                if over or not accept():
+                    self._counters.add(stores_dropped=1, keys_dropped=len(keys))
+                    return self._done_now(job, dropped=True)
+                self._pending_store_bytes += cost
+            if not tasks:
+                return self._done_now(job, dropped=False, ok=True)
+            self._inflight += 1
+            self._queues[kind].extend((job, t) for t in tasks)
+            self._cond.notify_all()
+        return job.future
+
+    @staticmethod
+    def _done_now(job: _Job, *, dropped: bool, ok: bool = False) -> cf.Future[TierJobResult]:
+        n = len(job.keys)
+        job.future.set_result(TierJobResult(job.kind, job.keys, (ok,) * n, dropped=dropped))
+        return job.future
+
+    def drain(self, timeout: float | None = None) -> bool:
+        with self._cond:
+            return self._cond.wait_for(lambda: self._inflight == 0, timeout)
+
+    def close(self) -> None:
+        """Running tasks finish; queued ones fail; threads are joined."""
+        with self._cond:
+            self._stop = True
+            queued = [item for q in self._queues.values() for item in q]
+            for q in self._queues.values():
+                q.clear()
+            self._cond.notify_all()
+        for job, (start, stop, _fn) in queued:
+            self._finish_task(job, start, [False] * (stop - start), 0)
+        for t in self._threads:
+            t.join()
+
+    def _work(self, kind: str) -> None:
+        state = None
+        try:
+            state = self._make_state(kind)
+            queue = self._queues[kind]
+            while True:
+                with self._cond:
+                    self._cond.wait_for(lambda: self._stop or queue)
+                    if self._stop:
+                        return
+                    job, (start, stop, fn) = queue.popleft()
+                try:
+                    oks, moved = fn(state)
+                    if len(oks) != stop - start:  # a bug in the tier, not an I/O error
+                        raise AssertionError(f"task returned {len(oks)} results for {stop - start}")
+                except Exception:
+                    logger.exception("tier %s task failed; its %d keys failed", kind, stop - start)
+                    self._counters.add(errors=1)
+                    oks, moved = [False] * (stop - start), 0
+                self._finish_task(job, start, oks, moved)
+        finally:
+            if state is not None:
+                self._close_state(state)
+
+    def _finish_task(self, job: _Job, start: int, oks: list[bool], moved: int) -> None:
+        with job.lock:
+            job.ok[start : start + len(oks)] = oks
+            job.nbytes += moved
+            job.remaining -= 1
+            last = job.remaining == 0
+        if not last:
+            return
+        result = TierJobResult(
+            job.kind,
+            job.keys,
+            tuple(job.ok),
+            nbytes=job.nbytes,
+            seconds=time.monotonic() - job.start,
+        )
+        with self._cond:
+            self._pending_store_bytes -= job.cost
+            self._inflight -= 1
+            self._cond.notify_all()
+        job.future.set_result(result)

@@ -1,0 +1,84 @@
+"""Argument checks shared by the tiers, and once-per-kind logging."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from jax_kvoffload.tiers._entry import MAX_KEY_BYTES
+from jax_kvoffload.tiers._errors import TierKeyError
+
+__all__ = ["byte_view", "check_items", "check_keys", "log_once"]
+
+_logged: set[str] = set()
+_logged_lock = threading.Lock()
+
+
+def log_once(logger: logging.Logger, kind: str, msg: str, *args: Any) -> None:
+    """Logs `msg` at WARNING the first time `kind` happens in this process, then at DEBUG
+    (a tier that fails a thousand times a second must not flood the log)."""
+    with _logged_lock:
+        first = kind not in _logged
+        _logged.add(kind)
+    logger.log(logging.WARNING if first else logging.DEBUG, msg, *args)
+
+
+def reset_log_once(kind: str) -> None:
+    """Lets `kind` log at WARNING again (a tier that recovered and fails anew)."""
+    with _logged_lock:
+        _logged.discard(kind)
+
+
+def check_keys(keys: Sequence[bytes], name: str = "keys") -> None:
+    if isinstance(keys, (bytes, bytearray, str)):
+        raise TierKeyError(
+            f"{name} must be a sequence of bytes keys, got one {type(keys).__name__}; "
+            "wrap it in a list"
+        )
+    for key in keys:
+        if not isinstance(key, bytes):
+            raise TierKeyError(
+                f"every key in {name} must be bytes (an offload key), got {type(key).__name__}"
+            )
+        if not 0 < len(key) <= MAX_KEY_BYTES:
+            raise TierKeyError(
+                f"a key in {name} has {len(key)} bytes; keys are 1..{MAX_KEY_BYTES} bytes"
+            )
+
+
+def byte_view(buf: Any, name: str, *, writable: bool = False) -> memoryview:
+    """`buf` as a flat, contiguous byte view (no copy)."""
+    try:
+        view = memoryview(buf)
+    except TypeError:
+        raise TierKeyError(
+            f"{name} must support the buffer protocol (bytes, memoryview, numpy array), "
+            f"got {type(buf).__name__}"
+        ) from None
+    if not view.c_contiguous:
+        raise TierKeyError(f"{name} must be C-contiguous; copy it first (numpy.ascontiguousarray)")
+    if writable and view.readonly:
+        raise TierKeyError(f"{name} must be writable: a load writes the payload into it")
+    return view.cast("B") if view.format != "B" or view.ndim != 1 else view
+
+
+def check_items(
+    items: Sequence[tuple[bytes, Any]], name: str, *, writable: bool = False
+) -> list[tuple[bytes, memoryview]]:
+    """`[(key, byte view)]` after checking every key and buffer; duplicate keys refused."""
+    if isinstance(items, (bytes, bytearray, str)):
+        raise TierKeyError(f"{name} must be a sequence of (key, buffer) pairs")
+    out = []
+    for i, item in enumerate(items):
+        if not isinstance(item, tuple) or len(item) != 2:
+            raise TierKeyError(
+                f"{name}[{i}] must be a (key, buffer) pair, got {type(item).__name__}"
+            )
+        key, buf = item
+        check_keys([key], f"{name}[{i}]")
+        out.append((key, byte_view(buf, f"{name}[{i}] buffer", writable=writable)))
+    if len({k for k, _ in out}) != len(out):
+        raise TierKeyError(f"{name} holds a key twice; each key at most once per job")
+    return out

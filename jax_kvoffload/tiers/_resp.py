@@ -1,0 +1,274 @@
+"""A small client of the Redis serialization protocol (RESP2), built for large values.
+
+Why our own (measured in benchmarks/tiers.py `--clients`): a value goes out with one
+`sendmsg` of the command prefix, the entry header and the host row itself (no copy
+into a command buffer), and a GET reply is read straight into the destination row
+(`recv_into`), header first, so it can be checked before a byte lands in the row's
+payload. redis-py and coredis copy each value into `bytes` at least once on each side.
+It speaks only what the tier needs: AUTH, SELECT, SET, GET, EXISTS, PING, pipelined.
+
+Every operation has a deadline (`io_timeout_s` for a whole pipelined batch); a timeout,
+a reset, or a protocol surprise closes the connection (`RespConnectionError`), so a
+connection is either in sync with the server or gone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import ssl
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["Endpoint", "RespConnection", "RespConnectionError", "RespServerError"]
+
+_CRLF = b"\r\n"
+_IOV_MAX = 512  # below Linux's 1024 iovec limit per sendmsg
+_RECV_CHUNK = 1 << 16
+_SOCK_BUF = 4 << 20  # large socket buffers keep multi-MiB values streaming
+
+
+class RespConnectionError(ConnectionError):
+    """The connection failed, timed out or lost sync; it is closed. `timed_out` tells a
+    silent server (worth no retry) from a reset or closed connection."""
+
+    timed_out = False
+
+
+class RespServerError(Exception):
+    """The server answered an error reply (e.g. `-OOM`, `-NOAUTH`); the connection is fine."""
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where and how to connect (from `RedisTierConfig`)."""
+
+    host: str | None
+    port: int
+    unix_path: str | None
+    db: int
+    username: str | None
+    password: str | None
+    tls: ssl.SSLContext | None
+    server_name: str | None
+    connect_timeout_s: float
+    io_timeout_s: float
+
+    def describe(self) -> str:
+        scheme = "unix" if self.unix_path else ("rediss" if self.tls else "redis")
+        where = self.unix_path if self.unix_path else f"{self.host}:{self.port}"
+        return f"{scheme}://{where}/{self.db}"
+
+
+def command(*args: bytes) -> bytes:
+    """A RESP array of bulk strings."""
+    out = [b"*%d\r\n" % len(args)]
+    for a in args:
+        out.append(b"$%d\r\n%s\r\n" % (len(a), a))
+    return b"".join(out)
+
+
+class RespConnection:
+    """One connection; not thread-safe (each tier thread owns one)."""
+
+    def __init__(self, endpoint: Endpoint) -> None:
+        self.endpoint = endpoint
+        self._sock: socket.socket | None = None
+        self._buf = bytearray(_RECV_CHUNK)
+        self._view = memoryview(self._buf)
+        self._start = self._end = 0
+        self._deadline = 0.0
+
+    # ---- connection --------------------------------------------------------------------
+
+    @property
+    def connected(self) -> bool:
+        return self._sock is not None
+
+    def connect(self) -> None:
+        ep = self.endpoint
+        self._deadline = time.monotonic() + ep.connect_timeout_s + ep.io_timeout_s
+        try:
+            if ep.unix_path:
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                sock.settimeout(ep.connect_timeout_s)
+                sock.connect(ep.unix_path)
+            else:
+                sock = socket.create_connection((ep.host, ep.port), ep.connect_timeout_s)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+                with contextlib.suppress(OSError):
+                    sock.setsockopt(socket.SOL_SOCKET, opt, _SOCK_BUF)
+            if ep.tls is not None:
+                sock = ep.tls.wrap_socket(sock, server_hostname=ep.server_name or ep.host)
+        except (OSError, ssl.SSLError) as e:
+            raise RespConnectionError(f"cannot connect to {ep.describe()}: {e}") from e
+        self._sock = sock
+        self._start = self._end = 0
+        try:
+            if ep.password is not None:
+                auth = (b"AUTH",)
+                if ep.username:
+                    auth += (ep.username.encode(),)
+                self.call(*auth, ep.password.encode())
+            if ep.db:
+                self.call(b"SELECT", str(ep.db).encode())
+        except RespServerError as e:
+            self.close()
+            raise RespConnectionError(f"{ep.describe()} refused the session: {e}") from None
+
+    def close(self) -> None:
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.close()
+
+    def _fail(self, why: str, cause: BaseException | None = None) -> RespConnectionError:
+        self.close()
+        err = RespConnectionError(f"{self.endpoint.describe()}: {why}")
+        err.timed_out = why == "timed out" or isinstance(cause, TimeoutError)
+        if cause is not None:
+            err.__cause__ = cause
+        return err
+
+    def begin(self, timeout: float | None = None) -> None:
+        """Starts a batch: every socket wait until the next `begin` shares one deadline."""
+        self._deadline = time.monotonic() + (timeout or self.endpoint.io_timeout_s)
+
+    def _arm(self) -> socket.socket:
+        sock = self._sock
+        if sock is None:
+            raise RespConnectionError(f"{self.endpoint.describe()}: not connected")
+        left = self._deadline - time.monotonic()
+        if left <= 0:
+            raise self._fail("timed out")
+        sock.settimeout(left)
+        return sock
+
+    # ---- sending -----------------------------------------------------------------------
+
+    def send(self, parts: Sequence[Any]) -> None:
+        """Sends the concatenation of `parts` (bytes-like) without joining them."""
+        try:
+            if self.endpoint.tls is not None:  # SSLSocket has no sendmsg
+                for p in parts:
+                    self._arm().sendall(p)
+                return
+            views = [memoryview(p).cast("B") for p in parts if len(p)]
+            i = 0
+            while i < len(views):
+                batch = views[i : i + _IOV_MAX]
+                sent = self._arm().sendmsg(batch)
+                for v in batch:  # advance past what was sent, split a partial view
+                    if sent >= len(v):
+                        sent -= len(v)
+                        i += 1
+                    else:
+                        views[i] = v[sent:]
+                        break
+        except (OSError, ssl.SSLError) as e:
+            raise self._fail(f"send failed: {e}", e) from e
+
+    # ---- receiving ---------------------------------------------------------------------
+
+    def _fill(self) -> None:
+        if self._start == self._end:
+            self._start = self._end = 0
+        elif self._end == len(self._buf):
+            n = self._end - self._start
+            self._buf[:n] = self._buf[self._start : self._end]
+            self._start, self._end = 0, n
+        try:
+            got = self._arm().recv_into(self._view[self._end :])
+        except (OSError, ssl.SSLError) as e:
+            raise self._fail(f"receive failed: {e}", e) from e
+        if got == 0:
+            raise self._fail("connection closed by the server")
+        self._end += got
+
+    def _line(self) -> bytes:
+        while True:
+            i = self._buf.find(_CRLF, self._start, self._end)
+            if i >= 0:
+                line = bytes(self._buf[self._start : i])
+                self._start = i + 2
+                return line
+            if self._end - self._start >= len(self._buf) - 2:
+                raise self._fail("reply line too long")
+            self._fill()
+
+    def read_into(self, out: memoryview) -> None:
+        """Reads exactly `len(out)` bytes of the stream into `out` (buffered part first)."""
+        n = len(out)
+        have = min(n, self._end - self._start)
+        out[:have] = self._view[self._start : self._start + have]
+        self._start += have
+        pos = have
+        while pos < n:
+            try:
+                got = self._arm().recv_into(out[pos:])
+            except (OSError, ssl.SSLError) as e:
+                raise self._fail(f"receive failed: {e}", e) from e
+            if got == 0:
+                raise self._fail("connection closed by the server")
+            pos += got
+
+    def skip(self, n: int) -> None:
+        """Discards `n` bytes of the stream."""
+        while n:
+            if self._start == self._end:
+                self._fill()
+            take = min(n, self._end - self._start)
+            self._start += take
+            n -= take
+
+    def read_reply(self) -> Any:
+        """One reply: str (+), int (:), bytes or None ($), list (*); `-` raises."""
+        line = self._line()
+        if not line:
+            raise self._fail("empty reply line")
+        kind, rest = line[:1], line[1:]
+        if kind == b"+":
+            return rest.decode()
+        if kind == b"-":
+            return RespServerError(rest.decode(errors="replace"))
+        if kind == b":":
+            return int(rest)
+        if kind == b"$":
+            n = int(rest)
+            if n < 0:
+                return None
+            data = bytearray(n + 2)
+            self.read_into(memoryview(data))
+            if data[n:] != _CRLF:
+                raise self._fail("bulk reply without CRLF")
+            return bytes(data[:n])
+        if kind == b"*":
+            n = int(rest)
+            return None if n < 0 else [self.read_reply() for _ in range(n)]
+        raise self._fail(f"unexpected reply {line[:40]!r}")
+
+    def read_bulk_header(self) -> int | RespServerError:
+        """Reads a bulk reply's length line: the length, -1 for nil, or the error."""
+        line = self._line()
+        if line[:1] == b"$":
+            return int(line[1:])
+        if line[:1] == b"-":
+            return RespServerError(line[1:].decode(errors="replace"))
+        raise self._fail(f"expected a bulk reply, got {line[:40]!r}")
+
+    def end_bulk(self) -> None:
+        crlf = bytearray(2)
+        self.read_into(memoryview(crlf))
+        if crlf != _CRLF:
+            raise self._fail("bulk reply without CRLF")
+
+    def call(self, *args: bytes) -> Any:
+        """Sends one command and returns its reply (an error reply raises)."""
+        self.send([command(*args)])
+        reply = self.read_reply()
+        if isinstance(reply, RespServerError):
+            raise reply
+        return reply

@@ -1,0 +1,150 @@
+"""Shared helpers of the tier tests: keys, payloads that name their key, a Redis server."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+
+import numpy as np
+
+from jax_kvoffload.config import (
+    OffloadingCacheConfig,
+    OffloadingConfig,
+    OffloadingGroupConfig,
+    OffloadingModelConfig,
+    OffloadingParallelConfig,
+)
+
+REDIS_SERVER = shutil.which("redis-server")
+NO_REDIS = "redis-server is not installed (apt-get install redis-server); .ci/run installs it"
+
+
+def key(i: int, group: int = 0) -> bytes:
+    """A 36-byte offload key: a sha256 'block hash' of `i` plus the group index."""
+    return hashlib.sha256(str(i).encode()).digest() + group.to_bytes(4, "big")
+
+
+def payload(k: bytes, n: int) -> np.ndarray:
+    """`n` bytes determined by the key alone: any process can check a hit byte for byte."""
+    seed = int.from_bytes(hashlib.sha256(k).digest()[:8], "little")
+    return np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8)
+
+
+def offloading_config(**changes) -> OffloadingConfig:
+    """A small boundary; keyword arguments replace `model`, `dtype`, `tp`, ... fields."""
+    tp = changes.get("tp", 1)
+    return OffloadingConfig(
+        groups=(OffloadingGroupConfig(16, ("l0", "l1"), 0),),
+        worker_kv_bytes_per_block=changes.get("wkb", 4096 // tp),
+        enable_kv_cache_events=False,
+        extra_config={},
+        engine_id="e0",
+        model=OffloadingModelConfig(changes.get("model", "m"), changes.get("dtype", "bfloat16")),
+        cache=OffloadingCacheConfig(16, changes.get("bpc", 1)),
+        parallel=OffloadingParallelConfig(
+            0, tp, tp, 1, 1, 1, 0, 1, None, changes.get("agnostic", False)
+        ),
+        replicated_layout=changes.get("replicated", False),
+        canonical_layout=changes.get("canonical", False),
+        kv_cache_layout=changes.get("layout", "LBNHC"),
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class RedisServer:
+    """A private redis-server on a free loopback port; `stop()` ends it."""
+
+    def __init__(
+        self, *args: str, maxmemory: str = "64mb", policy: str = "allkeys-lru", port: int = 0
+    ):
+        self.port = port or free_port()
+        self.dir = tempfile.mkdtemp(prefix="jkv-redis-")
+        cmd = [
+            REDIS_SERVER,
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--maxmemory",
+            maxmemory,
+            "--maxmemory-policy",
+            policy,
+            "--dir",
+            self.dir,
+            "--loglevel",
+            "warning",
+            *args,
+        ]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 10
+        while True:
+            with (
+                contextlib.suppress(OSError),
+                socket.create_connection(("127.0.0.1", self.port), 0.2),
+            ):
+                break
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                err = self.proc.stderr.read().decode() if self.proc.stderr else ""
+                self.stop()
+                raise RuntimeError(f"redis-server did not start: {err}")
+            time.sleep(0.02)
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def call(self, *args: bytes):
+        """One command over a fresh connection of our own client."""
+        from jax_kvoffload.tiers._resp import Endpoint, RespConnection
+
+        conn = RespConnection(
+            Endpoint("127.0.0.1", self.port, None, 0, None, None, None, None, 2.0, 5.0)
+        )
+        conn.connect()
+        try:
+            return conn.call(*args)
+        finally:
+            conn.close()
+
+    def pause(self) -> None:
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self.proc.send_signal(signal.SIGCONT)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self.proc.stderr:
+            self.proc.stderr.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def child_env() -> dict[str, str]:
+    """The environment of a child Python process that imports this checkout."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    return env
