@@ -6,6 +6,7 @@ and name the argument and the rule; sensible arguments must parse."""
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 def load(name: str):
     spec = importlib.util.spec_from_file_location(f"_bench_args_{name}", BENCHMARKS / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while it loads
     spec.loader.exec_module(module)
     return module
 
@@ -71,3 +73,44 @@ def test_every_benchmark_script_of_ours_is_covered():
     ours = {"offload", "canonical", "mesh", "kernels"}
     assert ours <= {p.stem for p in BENCHMARKS.glob("*.py")}
     assert {n for n, *_ in REFUSED} == ours
+
+
+# -- the shared output (benchmarks/_report.py), without running a benchmark -------------
+
+
+def test_tables_are_aligned_and_say_their_units():
+    report = load("_report")
+    Col = report.Col
+    rows = [
+        {"form": "split-nhd", "tp": 2, "t": 0.0123, "bw": 3.14159, "r": 1.5, "share": 0.042},
+        {"form": "x", "tp": 16, "t": 1.5, "bw": float("nan"), "r": 0.25, "share": -0.5},
+    ]
+    cols = [
+        Col("form", "layout", text=True),
+        Col("tp", "TP"),
+        Col("t", "job", "ms", 1),
+        Col("bw", "rate", "GiB/s"),
+        Col("r", "ratio", "x"),
+        Col("share", "extra", "%"),
+    ]
+    lines = report.table(rows, cols).splitlines()
+    assert lines[0].split() == ["layout", "TP", "job", "rate", "ratio", "extra"]
+    assert lines[1].split() == ["ms", "GiB/s"]
+    assert lines[3].split() == ["split-nhd", "2", "12.3", "3.14", "1.50×", "+4.2%"]
+    assert lines[4].split() == ["x", "16", "1500.0", "-", "0.25×", "-50.0%"]
+    # Columns line up: numbers are right-aligned under their header, names left-aligned.
+    assert len({len(lines[i]) for i in (0, 2, 3, 4)}) == 1
+    assert lines[0].index("TP") + 2 == lines[4].index("16") + 2
+    assert lines[3].index("split-nhd") == lines[4].index("x ") == 0
+
+
+def test_json_output_is_one_document_on_stdout(capsys):
+    import argparse
+    import json
+
+    report = load("_report")
+    rows = [{"devices": 1, "store": 0.01}]
+    args = argparse.Namespace(json=True)
+    report.emit("mesh", args, [("", rows, [report.Col("devices", "devices")])], rows, note="n")
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["benchmark"] == "mesh" and doc["rows"] == rows and doc["note"] == "n"
