@@ -187,6 +187,29 @@ def add_output_args(parser: argparse.ArgumentParser, default_out: pathlib.Path) 
     )
 
 
+def backend_problem(backend: str, interpret: bool = False) -> str | None:
+    """Why kernel `backend` cannot run on this platform (one tiny gather tried), or None.
+
+    Lets a script refuse `--backend triton` on a CPU with the library's own reason
+    instead of dying in the middle of a sweep."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    import pallas_kernels as pk
+
+    if backend == "auto":
+        return None
+    cache = [jnp.zeros((2, 256), jnp.uint32)]
+    try:
+        kw = {"layout": pk.KVLayout.raw(), "backend": backend, "interpret": interpret}
+        jax.block_until_ready(pk.gather_blocks(cache, np.array([1], np.int32), **kw))
+    except Exception as e:  # whatever the backend raises: reported, not a traceback
+        first = str(e).splitlines()[0] if str(e) else ""
+        return f"{type(e).__name__}: {first}"
+    return None
+
+
 # -- output -----------------------------------------------------------------------------
 
 

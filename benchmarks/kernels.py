@@ -151,17 +151,6 @@ def _case(r: dict) -> str:
     return f"{r['layers']} L, {r['page_kib']} KiB\n{r['blocks']} blocks\ncopy {r['copy_gibps']:.3g}"
 
 
-def unusable(backend: str, interpret: bool) -> str | None:
-    """Why `backend` cannot run here (one tiny gather tried), or None when it can."""
-    cache = [jnp.zeros((2, 256), jnp.uint32)]
-    try:
-        kw = {"layout": LAYOUT, "backend": backend, "interpret": interpret}
-        jax.block_until_ready(pk.gather_blocks(cache, np.array([1], np.int32), **kw))
-    except Exception as e:  # whatever the backend raises: reported, not a traceback
-        return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-    return None
-
-
 def plot(rows: list[dict], path: pathlib.Path) -> None:
     """One question: how close do gather and scatter come to a device copy of the bytes?"""
     plt = _report.pyplot()
@@ -238,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.max_gib is None:
         args.max_gib = 2.0 if jax.devices()[0].platform == "cpu" else 48.0
     for backend in args.backends:
-        why = unusable(backend, args.interpret)
+        why = _report.backend_problem(backend, args.interpret)
         if why:
             print(
                 f"error: --backends {backend} cannot run on {jax.devices()[0].platform} "

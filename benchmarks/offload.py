@@ -200,6 +200,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    why = _report.backend_problem(args.backend)
+    if why:
+        print(
+            f"error: --backend {args.backend} cannot run on {jax.devices()[0].platform} ({why})",
+            file=sys.stderr,
+        )
+        return 2
     sweep = dict(QUICK if args.quick else FULL)
     sweep["layers"] = args.layers or sweep["layers"]
     sweep["blocks"] = args.blocks or sweep["blocks"]
