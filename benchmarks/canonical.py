@@ -12,25 +12,23 @@ host copies alone (`relayout_s` vs `plain_copy_s`) show where it comes from. On 
 pays the D2H/H2D copy.
 
 Usage:
-  python benchmarks/canonical.py            # 16-token blocks, 16 KV heads x 128, bf16
-  python benchmarks/canonical.py --quick    # small sizes, a few seconds
-  python benchmarks/canonical.py --out DIR  # CSV + PNG (default benchmarks/results/)
+  python benchmarks/canonical.py                  # 16-token blocks, 16 KV heads x 128, bf16
+  python benchmarks/canonical.py --quick          # small sizes, under a minute
+  python benchmarks/canonical.py --tp 2 4 --forms split-nhd --json
+  python benchmarks/canonical.py --out DIR        # CSV + PNG (default benchmarks/results/)
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
-import os
 import pathlib
-import platform
 import statistics
 import sys
 import time
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # _report, beside us
 import _report
-import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -159,66 +157,116 @@ def run_case(form, tp, args):
     return result
 
 
-def main():
+TOTAL_HEADS = 16
+BLOCKS_PER_CHUNK = 16
+
+
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--out", default=str(pathlib.Path(__file__).parent / "results"))
-    args = ap.parse_args()
-    args.block_size, args.total_heads, args.head_size = 16, 16, 128
-    args.layers, args.blocks, args.repeats = (4, 64, 5) if args.quick else (8, 256, 15)
-    if args.quick:
-        args.head_size = 64
-    print(
-        f"# {datetime.date.today()} {platform.machine()} {os.cpu_count()} CPUs, jax "
-        f"{jax.__version__} on {jax.devices()[0].device_kind}, host copy threads "
-        f"{copy_threads()}"
+    ap.add_argument("--quick", action="store_true", help="4 layers, 64 blocks, head size 64")
+    ap.add_argument("--forms", nargs="+", choices=list(FORMS), default=list(FORMS))
+    ap.add_argument(
+        "--tp", nargs="+", type=_report.int_at_least(1), default=[1, 2, 4],
+        help=f"TP sizes of the storing rank (each must divide {TOTAL_HEADS} KV heads)",
+    )  # fmt: skip
+    ap.add_argument("--layers", type=_report.int_at_least(1), help="(8; quick: 4)")
+    ap.add_argument(
+        "--blocks", type=_report.int_at_least(BLOCKS_PER_CHUNK),
+        help=f"blocks per job, a multiple of {BLOCKS_PER_CHUNK} (256; quick: 64)",
+    )  # fmt: skip
+    ap.add_argument("--repeats", type=_report.int_at_least(1), help="(15; quick: 5)")
+    _report.add_output_args(ap, pathlib.Path(__file__).resolve().parent / "results")
+    return ap
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    bad = [tp for tp in args.tp if TOTAL_HEADS % tp]
+    if bad:
+        ap.error(f"--tp {bad[0]}: must divide the {TOTAL_HEADS} KV heads; use 1, 2, 4, 8 or 16")
+    if args.blocks is not None and args.blocks % BLOCKS_PER_CHUNK:
+        fix = -(-args.blocks // BLOCKS_PER_CHUNK) * BLOCKS_PER_CHUNK
+        ap.error(f"--blocks {args.blocks}: must be a multiple of {BLOCKS_PER_CHUNK}; use {fix}")
+    args.block_size, args.total_heads = 16, TOTAL_HEADS
+    args.head_size = 64 if args.quick else 128
+    layers, blocks, repeats = (4, 64, 5) if args.quick else (8, 256, 15)
+    args.layers = args.layers or layers
+    args.blocks = args.blocks or blocks
+    args.repeats = args.repeats or repeats
+    return args
+
+
+COLUMNS = [
+    _report.Col("form", "layout", text=True),
+    _report.Col("tp", "TP"),
+    _report.Col("fragment_kib", "fragment", "KiB", 1),
+    _report.Col("direction", "job", text=True),
+    _report.Col("job_mib", "size", "MiB", 0),
+    _report.Col("direct_s", "direct", "ms", 1),
+    _report.Col("canonical_s", "canonical", "ms", 1),
+    _report.Col("relayout_over_plain", "strided/plain copy", "x"),
+    _report.Col("relayout_extra_share", "relayout extra", "%"),
+    _report.Col("extra_over_direct", "whole-job difference", "%"),
+]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    cases = [(form, tp) for form in args.forms for tp in args.tp]
+    progress = _report.Progress(len(cases), quiet=args.quiet)
+    results = []
+    for form, tp in cases:
+        progress.step(f"{form}, TP={tp}: {args.blocks} blocks x {args.layers} layers")
+        results += run_case(form, tp, args)
+    progress.finish()
+    for r in results:
+        r["fragment_kib"] = r["min_fragment_bytes"] / 1024
+    _report.write_csv(args.out / "canonical.csv", list(results[0]), results)
+    _plot(results, args.out / "canonical.png")
+    note = (
+        f"rank 0 of each TP group; {args.layers} layers, {args.blocks} blocks of 16 tokens, "
+        f"{TOTAL_HEADS} KV heads x {args.head_size}; medians of {args.repeats}, direct and "
+        f"canonical alternating; {copy_threads()} host copy threads. Relayout extra = "
+        "(strided - plain copy) / direct job; whole-job difference = canonical / direct - 1"
     )
-    results = [r for form in FORMS for tp in (1, 2, 4) for r in run_case(form, tp, args)]
-    cols = [
-        "form",
-        "tp",
-        "direction",
-        "fragments",
-        "min_fragment_bytes",
-        "strided_copies",
-        "job_mib",
-        "direct_s",
-        "canonical_s",
-        "relayout_s",
-        "plain_copy_s",
-        "relayout_over_plain",
-        "relayout_extra_share",
-        "extra_over_direct",
-    ]
-    _report.report(pathlib.Path(args.out), "canonical", cols, results, _plot)
+    _report.emit("canonical", args, [("", results, COLUMNS)], results, note=note)
+    return 0
 
 
 def _plot(rows, path):
+    """One question: what does the canonical relayout add to a job, per layout and TP?
+
+    Plotted: the relayout share (strided minus plain host copy, over the direct job). Not
+    the whole-job difference, a difference of two noisy job times (table and CSV have it).
+    """
     plt = _report.pyplot()
     if plt is None:
         return
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    cases = [r for r in rows if r["direction"] == "store"]
+    labels = [f"{r['form']}, TP={r['tp']} ({r['fragment_kib']:g} KiB)" for r in cases]
+    y = np.arange(len(cases))[::-1]  # first case on top
+    fig, axes = plt.subplots(1, 2, figsize=(10, 0.42 * len(cases) + 2.2), sharey=True)
     for ax, d in zip(axes, ("store", "load"), strict=True):
         sub = [r for r in rows if r["direction"] == d]
-        labels = [f"{r['form']}\ntp{r['tp']}" for r in sub]
-        x = np.arange(len(sub))
-        ax.bar(x - 0.2, [100 * r["extra_over_direct"] for r in sub], 0.4, label="whole job")
-        ax.bar(
-            x + 0.2,
-            [100 * r["relayout_extra_share"] for r in sub],
-            0.4,
-            label="relayout - plain copy",
-        )
-        ax.axhline(5, color="k", ls=":", label="5% target")
-        ax.axhline(0, color="k", lw=0.5)
-        ax.set_xticks(x, labels, fontsize=7)
-        ax.set_title(f"{d}: canonical job vs direct job")
-        ax.set_ylabel("extra time over direct (%)")
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    print(f"wrote {path}")
+        ax.barh(y, [100 * r["relayout_extra_share"] for r in sub], 0.6, color="tab:blue",
+                label="relayout: the strided copy minus the plain copy it replaces")  # fmt: skip
+        ax.axvline(5, color="k", ls=":", label="5% target")
+        ax.axvline(0, color="k", lw=0.6)
+        ax.set_title(f"{d} jobs")
+        ax.set_xlabel("extra time, % of the direct job")
+        ax.grid(axis="x", alpha=0.3)
+    axes[0].set_yticks(y, labels, fontsize=8)
+    height = 0.42 * len(cases) + 2.2
+    fig.suptitle("what the canonical relayout adds to a job (layout, TP, smallest fragment)",
+                 fontsize=10,
+                 y=1 - 0.08 / height)  # fmt: skip
+    handles, names = axes[0].get_legend_handles_labels()
+    fig.legend(handles, names, loc="upper center", bbox_to_anchor=(0.5, 1 - 0.4 / height),
+               ncol=2, frameon=False, fontsize=8)  # fmt: skip
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.5 / height))
+    _report.save(fig, path)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -10,19 +10,18 @@ device. On CPU every "device" shares the same memory, so the ratio shows the cos
 per-shard gathers and host copies, not of any interconnect.
 
 Usage:
-  python benchmarks/mesh.py              # 16 KV heads x 128, 16-token blocks, 8 layers
-  python benchmarks/mesh.py --quick      # small sizes
-  python benchmarks/mesh.py --out DIR    # CSV + PNG (default benchmarks/results/)
+  python benchmarks/mesh.py                   # 16 KV heads x 128, 16-token blocks, 8 layers
+  python benchmarks/mesh.py --quick           # small sizes, under a minute
+  python benchmarks/mesh.py --devices 1 2 --json
+  python benchmarks/mesh.py --out DIR         # CSV + PNG (default benchmarks/results/)
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import pathlib
-import platform
 import subprocess
 import sys
 
@@ -69,6 +68,7 @@ with TransferEngine({0: caches}, pool, backend="xla", max_bucket=blocks) as engi
             run(d)
             times.append(time.perf_counter() - t)
         out[d] = statistics.median(times)
+out["jax"], out["device"] = jax.__version__, jax.devices()[0].device_kind
 print(json.dumps(out))
 """
 
@@ -83,45 +83,105 @@ def measure(n_dev, args):
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def main():
+BLOCKS_PER_CHUNK = 16
+
+
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
-    args = ap.parse_args()
-    args.layers, args.blocks, args.heads, args.repeats = (
-        (4, 64, 8, 5) if args.quick else (8, 256, 16, 9)
-    )
-    counts = (1, 2, 4) if args.quick else (1, 2, 4, 8)
-    print(
-        f"# {datetime.date.today()} {platform.machine()} {os.cpu_count()} CPUs (simulated devices)"
-    )
-    rows = [measure(n, args) for n in counts]
+    ap.add_argument("--quick", action="store_true", help="4 layers, 64 blocks, 8 KV heads")
+    ap.add_argument(
+        "--devices", nargs="+", type=_report.int_at_least(1),
+        help="simulated CPU device counts; the first is the baseline (1 2 4 8; quick: 1 2 4)",
+    )  # fmt: skip
+    ap.add_argument("--layers", type=_report.int_at_least(1), help="(8; quick: 4)")
+    ap.add_argument(
+        "--blocks", type=_report.int_at_least(BLOCKS_PER_CHUNK),
+        help=f"blocks per job, a multiple of {BLOCKS_PER_CHUNK} (256; quick: 64)",
+    )  # fmt: skip
+    ap.add_argument("--heads", type=_report.int_at_least(1), help="KV heads (16; quick: 8)")
+    ap.add_argument("--repeats", type=_report.int_at_least(1), help="(9; quick: 5)")
+    _report.add_output_args(ap, ROOT / "benchmarks" / "results")
+    return ap
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    layers, blocks, heads, repeats = (4, 64, 8, 5) if args.quick else (8, 256, 16, 9)
+    args.layers = args.layers or layers
+    args.blocks = args.blocks or blocks
+    args.heads = args.heads or heads
+    args.repeats = args.repeats or repeats
+    args.devices = args.devices or ([1, 2, 4] if args.quick else [1, 2, 4, 8])
+    if args.blocks % BLOCKS_PER_CHUNK:
+        fix = -(-args.blocks // BLOCKS_PER_CHUNK) * BLOCKS_PER_CHUNK
+        ap.error(f"--blocks {args.blocks}: must be a multiple of {BLOCKS_PER_CHUNK}; use {fix}")
+    bad = [n for n in args.devices if args.heads % n]
+    if bad:
+        ap.error(
+            f"--devices {bad[0]}: the {args.heads} KV heads (--heads) are sharded over the "
+            "devices, so each count must divide them"
+        )
+    return args
+
+
+COLUMNS = [
+    _report.Col("devices", "devices"),
+    _report.Col("mib", "job", "MiB", 0),
+    _report.Col("store", "store", "ms", 1),
+    _report.Col("load", "load", "ms", 1),
+    _report.Col("store_over_1", "store vs first", "x"),
+    _report.Col("load_over_1", "load vs first", "x"),
+]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    progress = _report.Progress(len(args.devices), quiet=args.quiet)
+    rows = []
+    for n in args.devices:
+        progress.step(f"{n} simulated devices (own process)")
+        rows.append(measure(n, args))
+    progress.finish()
     base = rows[0]
     for r in rows:
         r["store_over_1"] = r["store"] / base["store"]
         r["load_over_1"] = r["load"] / base["load"]
-    cols = ["devices", "mib", "store", "load", "store_over_1", "load_over_1"]
-    _report.report(pathlib.Path(args.out), "mesh", cols, rows, _plot)
+    info = {**_report.machine(), "jax": rows[0].pop("jax"), "device": rows[0].pop("device")}
+    for r in rows[1:]:
+        r.pop("jax"), r.pop("device")
+    _report.write_csv(args.out / "mesh.csv", list(rows[0]), rows)
+    _plot(rows, args.out / "mesh.png")
+    note = (
+        f"one global cache, {args.layers} layers x {2 * args.blocks} blocks x 16 tokens x "
+        f"{args.heads} KV heads x 128 (uint16), heads sharded over the devices; jobs of "
+        f"{args.blocks} blocks; medians of {args.repeats}; ratios against the first count "
+        f"({base['devices']})"
+    )
+    _report.emit("mesh", args, [("", rows, COLUMNS)], rows, note=note, info=info)
+    return 0
 
 
 def _plot(rows, path):
+    """One question: does a job cost more when the same cache is spread over more devices?"""
     plt = _report.pyplot()
     if plt is None:
         return
     fig, ax = plt.subplots(figsize=(6, 4))
     x = [r["devices"] for r in rows]
     for d, style in (("store", "o-"), ("load", "s--")):
-        ax.plot(x, [1e3 * r[d] for r in rows], style, label=d)
+        ax.plot(x, [1e3 * r[d] for r in rows], style, label=f"{d} job")
     ax.set_xscale("log", base=2)
+    ax.set_xticks(x, [str(n) for n in x])
     ax.set_xlabel("devices holding the global cache (KV heads sharded)")
-    ax.set_ylabel(f"job time, ms ({rows[0]['mib']:.0f} MiB)")
+    ax.set_ylabel(f"job time, ms ({rows[0]['mib']:.0f} MiB per job)")
     ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
     ax.legend()
-    ax.set_title("global-array offload: one job, any mesh")
+    ax.set_title("global-array offload: one job, any mesh (simulated CPU devices)", fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    print(f"wrote {path}")
+    _report.save(fig, path)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -6,19 +6,19 @@ For 16-token blocks of a `layers`-layer cache it times, in one run:
   per-block one transfer per block: a one-block gather + device_put (load: device_put +
             one-block scatter), i.e. what a naive per-block path does;
   ceiling   one large device_put of the same bytes, already contiguous.
-GB/s counts the bytes moved once. Ratios engine/ceiling and engine/per-block are the
-targets (GPU: >= 0.9 and >= 10x; CPU: >= 5x the per-block path). Writes offload.csv and
-offload.png (when matplotlib imports) under --out.
+GiB/s counts the bytes moved once. Ratios engine/ceiling and engine/per-block are the
+targets (GPU: >= 0.9 and >= 10x; CPU: >= 5x the per-block path). Prints one table per
+direction (or `--json`), writes offload.csv and offload.png (when matplotlib imports)
+under --out.
 
-    PYTHONPATH=. python benchmarks/offload.py --quick
+    python benchmarks/offload.py --quick            # < 1 min on 2 CPU cores
+    python benchmarks/offload.py --layers 8 --blocks 64 256 --json
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import pathlib
-import platform
 import sys
 
 import jax
@@ -102,85 +102,142 @@ def measure(layers: int, blocks: int, page: tuple[int, int], repeats: int, backe
 
     t = {
         "engine_store": _report.median(engine_store, repeats, warmup=True),
-        "per_block_store": _report.median(
-            per_block_store, 1, warmup=True
-        ),  # slow by design: one sample
+        "per_block_store": _report.median(per_block_store, 1, warmup=True),  # slow: 1 sample
         "ceiling_d2h": _report.median(ceiling_d2h, repeats, warmup=True),
         "engine_load": _report.median(engine_load, repeats, warmup=True),
         "per_block_load": _report.median(per_block_load, 1, warmup=True),
         "ceiling_h2d": _report.median(ceiling_h2d, repeats, warmup=True),
     }
     engine.close()
-    gbs = {k: nbytes / v / 1e9 for k, v in t.items()}
     return {
         "layers": layers,
         "page_kib": 2 * BLOCK_SIZE * kv_heads * head_dim * 2 // 1024,
         "blocks": blocks,
-        "mib": nbytes / 2**20,
-        **{f"{k}_gbs": round(v, 3) for k, v in gbs.items()},
-        "store_vs_ceiling": round(gbs["engine_store"] / gbs["ceiling_d2h"], 3),
-        "store_vs_per_block": round(t["per_block_store"] / t["engine_store"], 1),
-        "load_vs_ceiling": round(gbs["engine_load"] / gbs["ceiling_h2d"], 3),
-        "load_vs_per_block": round(t["per_block_load"] / t["engine_load"], 1),
+        "bytes": nbytes,
+        **{f"{k}_s": v for k, v in t.items()},
+        **{f"{k}_gibps": _report.gib_per_s(nbytes, v) for k, v in t.items()},
+        "store_vs_ceiling": t["ceiling_d2h"] / t["engine_store"],
+        "store_vs_per_block": t["per_block_store"] / t["engine_store"],
+        "load_vs_ceiling": t["ceiling_h2d"] / t["engine_load"],
+        "load_vs_per_block": t["per_block_load"] / t["engine_load"],
     }
 
 
+def _columns(kind: str, ceiling: str) -> list[_report.Col]:
+    Col = _report.Col
+    return [
+        Col("layers", "layers"),
+        Col("page_kib", "page", "KiB"),
+        Col("blocks", "blocks"),
+        Col("mib", "job", "MiB", 0),
+        Col(f"engine_{kind}_gibps", "engine", "GiB/s"),
+        Col(f"per_block_{kind}_gibps", "per-block", "GiB/s"),
+        Col(f"{ceiling}_gibps", "one copy", "GiB/s"),
+        Col(f"{kind}_vs_ceiling", "engine/copy", "x"),
+        Col(f"{kind}_vs_per_block", "engine/per-block", "x", 1),
+    ]
+
+
+def _case(r: dict) -> str:
+    return f"{r['layers']} L x {r['page_kib']} KiB\n{r['blocks']} blocks"
+
+
 def plot(rows: list[dict], path: pathlib.Path) -> None:
+    """One question: where does the engine stand between the per-block path and one copy?"""
     plt = _report.pyplot()
     if plt is None:
         return
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    x = np.arange(len(rows))
+    fig, axes = plt.subplots(1, 2, figsize=(max(8, 1.1 * len(rows) + 3), 4.2), sharey=True)
+    series = (("per_block", "per-block transfers", "tab:red"), ("engine", "engine", "tab:blue"))
     for ax, kind, ceiling in ((axes[0], "store", "ceiling_d2h"), (axes[1], "load", "ceiling_h2d")):
-        series = sorted({(r["layers"], r["page_kib"]) for r in rows})
-        for layers, kib in series:
-            sub = [r for r in rows if (r["layers"], r["page_kib"]) == (layers, kib)]
-            x = [r["blocks"] for r in sub]
-            styles = ((f"engine_{kind}", "o-"), (f"per_block_{kind}", "s--"), (ceiling, "k:"))
-            for key, style in styles:
-                label = f"{key}, {layers} layers x {kib} KiB"
-                ax.plot(x, [r[f"{key}_gbs"] for r in sub], style, label=label)
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("blocks (16 tokens each)")
-        ax.set_ylabel("GB/s")
-        ax.set_title(f"{kind} ({jax.devices()[0].device_kind})")
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    print(f"wrote {path}")
+        for i, (key, label, color) in enumerate(series):
+            values = [r[f"{key}_{kind}_gibps"] for r in rows]
+            ax.bar(x + (i - 0.5) * 0.38, values, 0.38, label=label, color=color)
+        # The ceiling as a short black tick over each case: one large copy of the same bytes.
+        ax.scatter(
+            x,
+            [r[f"{ceiling}_gibps"] for r in rows],
+            marker="_",
+            s=900,
+            color="k",
+            label="one large copy (ceiling)",
+            zorder=3,
+        )
+        ax.set_xticks(x, [_case(r) for r in rows], fontsize=7)
+        arrow = "device -> host" if kind == "store" else "host -> device"
+        ax.set_title(f"{kind} ({arrow})")
+        ax.grid(axis="y", alpha=0.3)
+    axes[0].set_ylabel("GiB/s, bytes moved once (log scale)")
+    axes[0].set_yscale("log")
+    axes[0].yaxis.set_major_formatter(plt.FuncFormatter(lambda v, _: f"{v:g}"))
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.suptitle(f"offload and load on {jax.devices()[0].device_kind}", y=0.985, fontsize=11)
+    fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.945), ncol=3,
+               frameon=False)  # fmt: skip
+    fig.tight_layout(rect=(0, 0, 1, 0.89))
+    _report.save(fig, path)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small sweep (< 1 min on CPU)")
+    parser.add_argument("--repeats", type=_report.int_at_least(1), default=5)
+    parser.add_argument("--backend", default="auto", choices=pk.BACKENDS)
+    parser.add_argument(
+        "--layers", nargs="+", type=_report.int_at_least(1), help="layer counts (sweep's)"
+    )
+    parser.add_argument(
+        "--blocks", nargs="+", type=_report.int_at_least(1), help="blocks per job (sweep's)"
+    )
+    _report.add_output_args(parser, pathlib.Path(__file__).resolve().parent / "results")
+    return parser
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    return build_parser().parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="small sweep (< 1 min on CPU)")
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--backend", default="auto")
-    parser.add_argument("--out", default="benchmarks/results")
-    args = parser.parse_args(argv)
-    sweep = QUICK if args.quick else FULL
-    out = pathlib.Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    args = parse_args(argv)
+    why = _report.backend_problem(args.backend)
+    if why:
+        print(
+            f"error: --backend {args.backend} cannot run on {jax.devices()[0].platform} ({why})",
+            file=sys.stderr,
+        )
+        return 2
+    sweep = dict(QUICK if args.quick else FULL)
+    sweep["layers"] = args.layers or sweep["layers"]
+    sweep["blocks"] = args.blocks or sweep["blocks"]
+    cases = [
+        (page, layers, blocks)
+        for page in sweep["pages"]
+        for layers in sweep["layers"]
+        for blocks in sweep["blocks"]
+    ]
+    progress = _report.Progress(len(cases), quiet=args.quiet)
     rows = []
-    for page in sweep["pages"]:
-        for layers in sweep["layers"]:
-            for blocks in sweep["blocks"]:
-                rows.append(measure(layers, blocks, page, args.repeats, args.backend))
-                print(f"page={page} layers={layers} blocks={blocks} done", file=sys.stderr)
-    header = (
-        f"# offload benchmark {datetime.date.today()} {platform.node()} "
-        f"{jax.devices()[0].device_kind} jax {jax.__version__}"
-    )
-    cols = [
-        "layers", "page_kib", "blocks", "mib",
-        "engine_store_gbs", "per_block_store_gbs", "ceiling_d2h_gbs",
-        "store_vs_ceiling", "store_vs_per_block", "engine_load_gbs", "per_block_load_gbs",
-        "ceiling_h2d_gbs", "load_vs_ceiling", "load_vs_per_block",
-    ]  # fmt: skip
-    _report.write_csv(out / "offload.csv", cols, rows)
-    plot(rows, out / "offload.png")
-    print(header)
-    print(" | ".join(cols))
+    for page, layers, blocks in cases:
+        kib = 2 * BLOCK_SIZE * page[0] * page[1] * 2 // 1024
+        progress.step(f"{layers} layers x {kib} KiB pages, {blocks} blocks")
+        rows.append(measure(layers, blocks, page, args.repeats, args.backend))
+    progress.finish()
     for r in rows:
-        print(" | ".join(str(r[c]) if not isinstance(r[c], float) else f"{r[c]:.3g}" for c in cols))
+        r["mib"] = r["bytes"] / _report.MIB
+    _report.write_csv(args.out / "offload.csv", list(rows[0]), rows)
+    plot(rows, args.out / "offload.png")
+    note = f"median of {args.repeats} runs (per-block: 1 run), backend {args.backend}"
+    _report.emit(
+        "offload",
+        args,
+        [
+            ("store: device -> host chunks", rows, _columns("store", "ceiling_d2h")),
+            ("load: host chunks -> device", rows, _columns("load", "ceiling_h2d")),
+        ],
+        rows,
+        note=note,
+    )
     return 0
 
 

@@ -28,7 +28,7 @@ plgpu, MOSAIC_GPU_IMPORT_ERROR = _try_import("jax.experimental.pallas.mosaic_gpu
 def gpu_interpret_params() -> Any | None:
     """The Mosaic GPU interpreter's params object, or None where jax lacks one.
 
-    In jax 0.10.2 it is not exported publicly (notes A1); later releases may export it
+    In jax 0.10.2 it is not exported publicly (checked on 0.10.2); later releases may export it
     from ``jax.experimental.pallas.mosaic_gpu``.
     """
     cls = getattr(plgpu, "InterpretGPUParams", None) if plgpu is not None else None

@@ -1,8 +1,9 @@
 """Splits one vLLM transfer job into per-tensor moves, exactly as vLLM's handler does.
 
-vLLM 0.33.0 `SingleDirectionOffloadingHandler.transfer_async` (spec 5.5): the device
-spec lists `group_sizes[g]` blocks per group and `block_indices[g]`, the request-level
-index of the group's first block. The host list is chunk-granular: group g consumes
+vLLM 0.33.0 `SingleDirectionOffloadingHandler.transfer_async`
+(`vllm/v1/kv_offload/cpu/gpu_worker.py`): the device spec lists `group_sizes[g]` blocks
+per group and `block_indices[g]`, the request-level index of the group's first block.
+The host list is chunk-granular: group g consumes
 `cdiv(size + skip, bpc)` chunk ids, `skip = block_index % bpc`, and its blocks land in
 chunk slots from `skip` on, so a list may start and end mid-chunk. Groups of size 0
 consume nothing, and both lists must be consumed exactly.

@@ -1,6 +1,6 @@
 """Zero-copy torch <-> JAX views through DLPack, and raw page views of KV allocations.
 
-Measured facts this module is built on (torch 2.13 + jax 0.10.2, reference notes A4):
+Measured facts this module is built on (torch 2.13 + jax 0.10.2, on CPU):
 DLPack imports every KV dtype (bf16, fp16, fp32, fp8 e4m3/e5m2, int8, uint8) without a
 copy, in both directions; compact strides (contiguous or a pure permutation) import, any
 stride with gaps is refused by XLA. So a per-layer view that skips bytes (a block range

@@ -1,4 +1,5 @@
-"""Our `HostStore` behind vLLM 0.33.0's `OffloadingManager` interface (spec 6.2).
+"""Our `HostStore` behind vLLM 0.33.0's `OffloadingManager` interface
+(`vllm/v1/kv_offload/base.py`).
 
 Built on first use by `build_manager_class()`, which imports vLLM; importing this module
 does not. The adapter translates types only; every decision (allocation, eviction,

@@ -2,7 +2,7 @@
 
 vLLM's connector worker attaches a `CanonicalPageMapping` (or None) to every layer ref of
 the `CanonicalKVCaches` it hands to `get_worker`. With `canonical_layout` requested,
-`canonical_worker_pool` checks them as vLLM's tiering `create_worker` does (spec 4.9) and
+`canonical_worker_pool` checks them as vLLM's `TieringOffloadingSpec.create_worker` does and
 fails closed; then builds this rank's relayout plans and the host pool that all ranks of
 the TP x PCP group share (a `SharedHostRegion` when there are several worker processes),
 seen through a `CanonicalPoolView` with this rank's page widths.

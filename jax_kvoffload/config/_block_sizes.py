@@ -1,5 +1,5 @@
 """Block-size resolution: vLLM 0.33.0's `resolve_dcp_kv_block_size` and
-`resolve_kv_cache_block_sizes` (vllm/v1/core/kv_cache_utils.py; spec 3.2-3.3)."""
+`resolve_kv_cache_block_sizes` (vllm/v1/core/kv_cache_utils.py)."""
 
 from __future__ import annotations
 

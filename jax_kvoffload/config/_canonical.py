@@ -4,9 +4,10 @@ The canonical page of a layer is the full offloaded block without parallelism: a
 heads and all `block_size * dcp * pcp` tokens, in the worker's own page encoding (packed
 K|V or split K/V halves, NHD or HND order). This module derives, for one layer at one
 rank, which bytes of the worker's page land where in the canonical page (vLLM 0.33.0,
-`canonical_mapping.py`; rules: reference spec section 4.2-4.6). It is pure Python: the
-physical page is described by a `KVTensorView` (logical shape, strides, element size)
-instead of a torch tensor, so JAX, numpy and torch caches are certified the same way.
+`vllm/distributed/kv_transfer/kv_connector/v1/offloading/canonical_mapping.py`). It is
+pure Python: the physical page is described by a `KVTensorView` (logical shape, strides,
+element size) instead of a torch tensor, so JAX, numpy and torch caches are certified the
+same way.
 
 A refusal is a reason string (`layer_mapping_or_reason`) or None (`layer_mapping`, vLLM's
 signature); nothing here guesses: an unrecognised layout is refused, never approximated.
@@ -171,7 +172,7 @@ class ByteRegion:
 
 
 def coalesce_runs(runs: Sequence[CopyRun]) -> tuple[CopyRun, ...]:
-    """Merges contiguous fragments within and across runs (spec 4.6): a single-rank
+    """Merges contiguous fragments within and across runs (vLLM's `_coalesce_runs`): a single-rank
     mapping becomes one whole-page run."""
     out: list[CopyRun] = []
     for run in runs:

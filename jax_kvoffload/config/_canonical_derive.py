@@ -1,10 +1,11 @@
 """Canonical mappings for every layer and every rank, and fail-closed registration.
 
-`derive_layer_mappings` is vLLM 0.33.0's `derive_canonical_mappings` (reference spec 4.8)
+`derive_layer_mappings` is vLLM 0.33.0's `derive_canonical_mappings` (`canonical_mapping.py`)
 kept for all ranks of the TP x PCP group instead of only this worker's, with the reason of
 each refusal. `register_canonical_layout` is what a worker calls at registration: with
 `canonical_layout` requested it refuses (a `CanonicalLayoutError`) instead of silently
-storing opaque pages, as vLLM's tiering `create_worker` does (spec 4.9).
+storing opaque pages, as vLLM's `TieringOffloadingSpec.create_worker` does
+(`vllm/v1/kv_offload/tiering/spec.py`).
 """
 
 from __future__ import annotations

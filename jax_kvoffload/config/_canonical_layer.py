@@ -1,5 +1,5 @@
 """Per-layer canonical certification: the mapping or the refusal, the opaque fallback and
-the tiling proof (reference spec 4.3, 4.7; vLLM 0.33.0 `canonical_mapping.py`)."""
+the tiling proof (vLLM 0.33.0 `_layer_mapping` and its tiling check in `canonical_mapping.py`)."""
 
 from __future__ import annotations
 

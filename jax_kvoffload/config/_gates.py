@@ -57,7 +57,8 @@ def verdicts(checks: Sequence[Check]) -> tuple[Verdict, ...]:
 
 
 def spec_certifiable(spec: KVCacheSpec, tp_size: int, total_kv_heads: int) -> bool:
-    """Conservative static mirror of the canonical mapping's per-layer checks (spec 3.10)."""
+    """Conservative static mirror of the canonical mapping's per-layer checks
+    (`_layer_mapping` in vLLM's `kv_connector/v1/offloading/canonical_mapping.py`)."""
     if not isinstance(spec, AttentionSpec):
         return False
     if spec.kv_quant_mode.is_per_token_head:

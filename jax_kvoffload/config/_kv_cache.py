@@ -1,7 +1,7 @@
 """The KV cache description: tensors, groups and the whole config (vLLM 0.33.0's).
 
 Mirrors `KVCacheTensor`, `KVCacheGroupSpec`, `KVCacheConfig` and `KVCacheLayout` from
-`vllm/v1/kv_cache_interface.py` and `vllm/v1/kv_cache_layout.py` (spec 2.3-2.4).
+`vllm/v1/kv_cache_interface.py` and `vllm/v1/kv_cache_layout.py`.
 """
 
 from __future__ import annotations

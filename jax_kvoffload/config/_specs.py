@@ -2,7 +2,7 @@
 
 Mirrors `vllm/v1/kv_cache_interface.py`: the same classes, the same inheritance (the
 translation dispatches on it with `isinstance` and, in one place, on the exact type), the
-same field defaults and the same page-size formulas (spec section 2.2). Dtypes are numpy
+same field defaults and the same page-size formulas (`page_size_bytes`). Dtypes are numpy
 dtypes instead of torch dtypes; every field is keyword-only.
 """
 

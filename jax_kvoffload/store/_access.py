@@ -1,4 +1,4 @@
-"""Per-request bookkeeping of which keys a request stored or reused (spec 6.3)."""
+"""Per-request bookkeeping of which keys a request stored or reused (vLLM's ``cpu/manager.py``)."""
 
 from __future__ import annotations
 

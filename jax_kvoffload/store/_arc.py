@@ -1,4 +1,4 @@
-"""ARC eviction (vLLM 0.33.0 ``ARCCachePolicy``, spec 6.4)."""
+"""ARC eviction (vLLM 0.33.0 ``ARCCachePolicy``, ``cpu/policies/arc.py``)."""
 
 from __future__ import annotations
 

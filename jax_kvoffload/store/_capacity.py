@@ -1,4 +1,4 @@
-"""Host-tier sizing from a byte budget (vLLM 0.33.0 ``CPUOffloadingSpec``, spec 5.2)."""
+"""Host-tier sizing from a byte budget (vLLM 0.33.0 ``CPUOffloadingSpec``, ``cpu/spec.py``)."""
 
 from __future__ import annotations
 

@@ -11,7 +11,8 @@ _T = TypeVar("_T")
 
 
 class LookupResult(enum.Enum):
-    """Answer of ``HostStore.lookup`` (vLLM 0.33.0 ``LookupResult``, spec 6.1).
+    """Answer of ``HostStore.lookup`` (vLLM 0.33.0 ``LookupResult``,
+    ``vllm/v1/kv_offload/base.py``).
 
     Attributes:
       MISS: The key is not stored (never stored, evicted, failed, or reset).

@@ -53,7 +53,8 @@ class DuplicatePolicyError(StoreError):
     """A policy name was registered twice."""
 
 
-# vLLM 0.33.0's texts, kept verbatim (spec 5.2 and 6.4) so logs and tests match.
+# vLLM 0.33.0's texts, kept verbatim (``vllm/v1/kv_offload/cpu/spec.py`` and
+# ``cpu/policies/``) so logs and tests match.
 MISSING_BUDGET_MESSAGE = "cpu_bytes_to_use must be specified in kv_connector_extra_config"
 UNKNOWN_POLICY_MESSAGE = (
     "Unknown cache policy: {name!r}. Supported: {supported}. "

@@ -19,7 +19,8 @@ class Medium(enum.Enum):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class OffloadingEvent:
-    """One batch of keys stored into or removed from a tier (vLLM spec 6.1, 6.8).
+    """One batch of keys stored into or removed from a tier (vLLM's ``OffloadingEvent``,
+    ``vllm/v1/kv_offload/base.py``).
 
     Attributes:
       keys: The keys, in the order the manager processed them.

@@ -1,6 +1,6 @@
 """Offload keys: an engine block hash plus the KV-cache group index, as bytes.
 
-The byte layout is vLLM 0.33.0's ``OffloadKey`` (spec 6.1): ``block_hash +
+The byte layout is vLLM 0.33.0's ``OffloadKey`` (``vllm/v1/kv_offload/base.py``): ``block_hash +
 group_idx.to_bytes(4, "big")``. Keys are content-derived and stable across processes;
 nothing here uses Python's ``hash()``.
 """
@@ -21,7 +21,7 @@ __all__ = [
 
 OffloadKey = NewType("OffloadKey", bytes)
 
-# vLLM packs the group index into the last 4 bytes, big-endian (spec 6.1).
+# vLLM packs the group index into the last 4 bytes, big-endian (vllm/v1/kv_offload/base.py).
 GROUP_IDX_BYTES = 4
 _MAX_GROUP_IDX = (1 << (8 * GROUP_IDX_BYTES)) - 1
 

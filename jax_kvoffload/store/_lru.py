@@ -1,4 +1,4 @@
-"""LRU eviction with request-aware ranks (vLLM 0.33.0 ``LRUCachePolicy``, spec 6.4)."""
+"""LRU eviction with request-aware ranks (vLLM ``LRUCachePolicy``, ``cpu/policies/lru.py``)."""
 
 from __future__ import annotations
 

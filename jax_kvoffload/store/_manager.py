@@ -1,4 +1,4 @@
-"""The scheduler-side host store (vLLM 0.33.0 ``CPUOffloadingManager``, spec 6.2-6.3)."""
+"""The scheduler-side host store (vLLM ``CPUOffloadingManager``, ``cpu/manager.py``)."""
 
 from __future__ import annotations
 

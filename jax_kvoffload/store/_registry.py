@@ -1,4 +1,4 @@
-"""Eviction-policy registry (vLLM ``CachePolicyFactory``, spec 6.4)."""
+"""Eviction-policy registry (vLLM ``CachePolicyFactory``, ``cpu/policies/factory.py``)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Usage statistics of the host store, with vLLM 0.33.0's metric names (spec 6.9)."""
+"""Usage statistics of the host store, with vLLM 0.33.0's metric names
+(``kv_connector/v1/offloading/metrics.py``)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The reuse tracker behind ``store_threshold`` (vLLM 0.33.0, spec 6.3 step 1)."""
+"""The reuse tracker behind ``store_threshold`` (vLLM's ``cpu/manager.py``)."""
 
 from __future__ import annotations
 

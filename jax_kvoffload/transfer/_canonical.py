@@ -6,7 +6,7 @@ to back, in the same layer order. `CanonicalGroupPlan` folds a rank's per-layer
 `CanonicalPageMapping`s into a few strided families (`_strided.StridedCopy`), so a store
 or a load is one strided numpy assignment per family and run of slots, in place of the
 plain row copy the direct path makes between staging and pool rows. Writer rotation
-(spec 4.9): a rank stores a layer's bytes of canonical block `b` only when
+(as vLLM's worker does): a rank stores a layer's bytes of canonical block `b` only when
 `mapping.is_writer(b)`; loads read every block.
 """
 

@@ -1,9 +1,10 @@
 """Canonical pages straight from global `jax.Array` caches sharded over a device mesh.
 
 A JAX-native engine's cache is one global array per layer: every KV head and every token
-of a block, whatever mesh holds it. Its page *is* the canonical page (spec 4.1: all heads,
-all tokens, in the worker's encoding), so no relayout is needed: `TransferEngine` (or
-`KVOffloader`) gathers the blocks from the global view and copies the staging to host.
+of a block, whatever mesh holds it. Its page *is* the canonical page (vLLM's
+`canonical_mapping.py`: all heads, all tokens, in the worker's encoding), so no relayout
+is needed: `TransferEngine` (or `KVOffloader`) gathers the blocks from the global view
+and copies the staging to host.
 The bytes depend only on the values, never on the mesh, so a chunk written under one
 mesh loads under any other; scatters keep each cache's sharding and write in place.
 `check_global_caches` verifies that the arrays are global views.

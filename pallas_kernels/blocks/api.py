@@ -92,7 +92,7 @@ def _resolve(backend: str, cache: Any, config: Any, interpret: Any) -> tuple[str
     if name == "xla" or interpret is False or interpret is None:
         return name, config, False
     if interpret is True:
-        # The most faithful interpreter each backend has (notes A1): the TPU one models
+        # The most faithful interpreter each backend has (jax 0.10.2): the TPU one models
         # DMAs and aliasing; Mosaic GPU TMA kernels run only in the GPU interpreter.
         if name == "tpu":
             interpret = _compat.tpu_interpret_params()

@@ -6,9 +6,9 @@ GMEM (TMA store). ``stages`` SMEM slots let up to ``stages - 1`` stores drain wh
 next load runs.
 
 Gather is a ``plgpu.kernel``. Scatter is a ``pallas_call`` with ``input_output_aliases``:
-in jax 0.10.2 the ``plgpu.kernel`` + ``jax.new_ref`` form fails to lower (notes A2), and
+in jax 0.10.2 the ``plgpu.kernel`` + ``jax.new_ref`` form fails to lower, and
 the SMEM/barrier scratch is allocated with ``pl.run_scoped`` because scratch barriers in
-``pallas_call`` break the GPU interpreter (notes A1). The GPU interpreter runs a single
+``pallas_call`` break the GPU interpreter (both seen on 0.10.2). The GPU interpreter runs a single
 CTA only, so interpret mode forces ``programs=1``.
 """
 

@@ -2,7 +2,7 @@
 
 Ids are an ordinary int32 operand (Triton has no scalar prefetch); every program copies
 ``blocks_per_program`` blocks for all arrays, ``chunk_words`` words per load/store.
-Triton only lowers power-of-two array shapes (notes A2: head_dim 100 is refused), so a
+Triton only lowers power-of-two array shapes (jax 0.10.2 refuses head_dim 100 when lowering), so a
 chunk is the largest power of two dividing the page, capped by ``max_chunk_words``; any
 page size (MLA's 576-wide latents, padded pages) then moves in whole chunks.
 """

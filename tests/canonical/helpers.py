@@ -1,4 +1,5 @@
-"""Shared builders for the canonical-mapping tests: spec 4.8 / tests doc section C inputs.
+"""Shared builders for the canonical-mapping tests: the inputs of vLLM's
+tests/v1/kv_connector/unit/offloading_connector/test_canonical_mapping.py.
 
 `fs(h)` = full attention (block 4, h heads, head 64, int8: page 1024 B for h=2), `ms()` =
 MLA (block 4, head 64, int8: page 256 B); `FORMS` are the four certified physical layouts

@@ -1,4 +1,4 @@
-"""derive over a whole KV cache config (tests doc C17-C20) and fail-closed registration."""
+"""derive over a whole KV cache config (vLLM cases C17-C20) and fail-closed registration."""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""vLLM 0.33.0's verified canonical-mapping examples (spec 4.8, tests doc C1-C16, C21),
+"""vLLM 0.33.0's verified canonical-mapping examples (vLLM's
+tests/v1/kv_connector/unit/offloading_connector/test_canonical_mapping.py;
+numbered C1-C16, C21 here),
 reproduced exactly: runs, canonical sizes, writers and tiling."""
 
 from __future__ import annotations

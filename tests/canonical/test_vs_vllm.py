@@ -1,6 +1,6 @@
 """Our canonical derivation against vLLM 0.33.0's `_layer_mapping`, on identical inputs.
 
-Skipped unless vLLM is importable (run with /work/venv-vllm). Each case builds vLLM's spec
+Skipped unless vLLM is importable (docs/vllm.md installs it). Each case builds vLLM's spec
 and a torch tensor of one of the four physical layouts (plus refused permutations), and
 our spec and a `KVTensorView` with the tensor's shape, strides and element size; both
 derivations must agree exactly (runs, sizes, writers, agnosticism) or both refuse.

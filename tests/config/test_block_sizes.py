@@ -1,4 +1,5 @@
-"""resolve_kv_cache_block_sizes / resolve_dcp_kv_block_size (tests doc section B)."""
+"""resolve_kv_cache_block_sizes / resolve_dcp_kv_block_size (vLLM's
+tests/v1/core/test_kv_cache_utils.py cases, re-expressed for 0.33.0)."""
 
 from __future__ import annotations
 

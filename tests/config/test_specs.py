@@ -1,4 +1,4 @@
-"""Spec classes: page-size formulas (spec 2.2 verified numbers), quant modes, validation."""
+"""Spec classes: page-size formulas (numbers checked on vLLM 0.33.0), quant modes, validation."""
 
 from __future__ import annotations
 

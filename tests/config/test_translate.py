@@ -1,6 +1,8 @@
-"""vLLM's build_offloading_config cases (tests doc section A, spec 3.13), one test each.
+"""vLLM's build_offloading_config cases (vLLM's
+tests/v1/kv_connector/unit/offloading_connector/test_config.py and
+test_build_offloading_config.py), one test each.
 
-Every expectation here is what vLLM 0.33.0 produces ([verified] in the tests doc).
+Every expectation here is what vLLM 0.33.0 produces (each case was run against it).
 """
 
 from __future__ import annotations
@@ -301,7 +303,7 @@ def test_every_error_is_a_value_error():
         assert issubclass(cls, ValueError)
 
 
-# --- replicated_layout (tests doc A-R) -------------------------------------------------
+# --- replicated_layout (vLLM's test_config.py) ------------------------------------------------
 
 
 def mla_kv(replicas: int = 1, num_blocks: int = 4, spec=None):
@@ -382,7 +384,7 @@ def test_ar5_canonical_path_recomputes_replication_from_spec_types(spec_kind, en
     assert cfg.replicated_layout is expected
 
 
-# --- is_parallelism_agnostic (tests doc A-P) --------------------------------------------
+# --- is_parallelism_agnostic (vLLM's test_config.py) ------------------------------------------
 
 
 def agnostic(*groups, canonical: bool = False, **engine_kw) -> bool:

@@ -1,4 +1,5 @@
-"""Host-tier sizing (spec 5.2, tests doc F1-F4)."""
+"""Host-tier sizing (vLLM's ``CPUOffloadingSpec``; cases F1-F4 of vLLM's
+tests/v1/kv_offload/cpu/ spec tests, re-expressed for 0.33.0)."""
 
 from __future__ import annotations
 

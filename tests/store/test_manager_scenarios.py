@@ -1,4 +1,4 @@
-"""vLLM 0.33.0 manager cases (tests doc section G1-G8), narrated, for LRU and ARC.
+"""vLLM 0.33.0 manager cases (vLLM's cpu/test_manager.py, G1-G8), narrated, for LRU and ARC.
 
 Capacity 4 and events on unless stated; one request context is shared by every call.
 """

@@ -1,4 +1,4 @@
-"""Policy specifics: ARC (tests doc G9), LRU (G10), the registry and the contract."""
+"""Policy specifics: ARC (vLLM's test_manager.py G9), LRU (G10), the registry and the contract."""
 
 from __future__ import annotations
 
