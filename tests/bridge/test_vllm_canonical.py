@@ -144,10 +144,10 @@ def shard(form, full, tp, rank, heads):
     return full.narrow(axis, first, h).contiguous()
 
 
-def rank_worker(v, form, tp, rank, heads, caches, engine_id, canonical=True, pad=0):
-    """One rank's spec and worker over `caches`; with `pad`, each cache is the leading
-    bytes of a `page + pad`-byte row (vLLM's padded pages: the tensor's page is padded,
-    the ref's page is not)."""
+def rank_kv(v, form, tp, rank, heads, caches, pad=0, wrap=lambda t: t):
+    """One rank's `CanonicalKVCaches` over `caches`, certified by vLLM's `_layer_mapping`;
+    with `pad`, each cache is the leading bytes of a `page + pad`-byte row (vLLM's padded
+    pages: the tensor's page is padded, the ref's page is not)."""
     if form == "mla":
         spec = v.kvi.MLAAttentionSpec(
             block_size=BS, num_kv_heads=1, head_size=HS, dtype=v.torch.bfloat16
@@ -166,8 +166,15 @@ def rank_worker(v, form, tp, rank, heads, caches, engine_id, canonical=True, pad
         flat = c.view(v.torch.int8).view(NB, -1)
         row = flat.shape[1] + pad
         whole = flat.as_strided((NB, row), (row, 1))
-        tensors.append(v.base.CanonicalKVCacheTensor(whole, row))
+        tensors.append(v.base.CanonicalKVCacheTensor(wrap(whole), row))
         refs.append(v.base.CanonicalKVCacheRef(i, flat.shape[1], mapping))
+    return v.base.CanonicalKVCaches(tensors, [refs])
+
+
+def rank_worker(v, form, tp, rank, heads, caches, engine_id, canonical=True, pad=0):
+    """One rank's spec and worker over `caches` (see `rank_kv`)."""
+    kv = rank_kv(v, form, tp, rank, heads, caches, pad)
+    tensors = kv.tensors
     agnostic = form != "mla"
     cfg = v.vc.OffloadingConfig(
         groups=(v.vc.OffloadingGroupConfig(BS, tuple(f"l{i}" for i in range(LAYERS)), 0),),
@@ -187,7 +194,6 @@ def rank_worker(v, form, tp, rank, heads, caches, engine_id, canonical=True, pad
         replicated_layout=form == "mla",
     )
     spec_obj = v.bridge.JaxOffloadingSpec(cfg)
-    kv = v.base.CanonicalKVCaches(tensors, [refs])
     return spec_obj, spec_obj.get_worker(kv)
 
 
