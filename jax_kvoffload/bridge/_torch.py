@@ -155,8 +155,19 @@ class RawPages:
         return int(self.block_rows.shape[0])
 
     def rows_of(self, block_ids: Any) -> np.ndarray:
-        """Row ids of the given blocks, block-major (`[n * parts]`)."""
-        return self.block_rows[np.asarray(block_ids, dtype=np.int64)].reshape(-1)
+        """Row ids of the given blocks, block-major (`[n * parts]`).
+
+        Raises:
+          JobSpecTypeError: an id is not an integer (a float would be truncated).
+          JobSpecError: an id is negative or not below `num_blocks`.
+        """
+        from jax_kvoffload.bridge._job_plan import JobSpecError, int_ids
+
+        ids = int_ids("block_ids", block_ids)
+        bad = [b for b in ids if b >= self.num_blocks]
+        if bad:
+            raise JobSpecError(f"block ids {bad[:8]} are outside [0, {self.num_blocks})")
+        return self.block_rows[np.asarray(ids, dtype=np.int64)].reshape(-1)
 
 
 def raw_pages(tensor: Any, block_axis: int = 0) -> RawPages:

@@ -107,6 +107,15 @@ def host_widths(group_refs: Sequence[Sequence[tuple[int, int]]]) -> dict[int, in
     return dict(sorted(out.items()))
 
 
+def _pair(name: str, index: int, value: Any) -> tuple[Any, Any]:
+    if not isinstance(value, (tuple, list)) or len(value) != 2:
+        raise KVOffloadTypeError(
+            f"{name}[{index}] must be a pair (tensors: (tensor, page_size_bytes); refs: "
+            f"(tensor_idx, unpadded_page_bytes)), got {value!r:.80}"
+        )
+    return value[0], value[1]
+
+
 def _check_int(name: str, value: Any, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise KVOffloadTypeError(f"{name} must be an int, got {value!r}")
@@ -162,8 +171,14 @@ class TorchKVWorker:
         self._bpc = _check_int("blocks_per_chunk", blocks_per_chunk, 1)
         num_chunks = _check_int("num_chunks", num_chunks, 0)
         bucket_sizes(0, max_bucket)  # validates max_bucket
-        self._geo = [TensorBytes.of(*pair, name=f"tensor {i}") for i, pair in enumerate(tensors)]
-        self._group_refs = [[tuple(ref) for ref in refs] for refs in group_refs]
+        self._geo = [
+            TensorBytes.of(*_pair("tensors", i, pair), name=f"tensor {i}")
+            for i, pair in enumerate(tensors)
+        ]
+        self._group_refs = [
+            [_pair(f"group_refs[{g}]", i, ref) for i, ref in enumerate(refs)]
+            for g, refs in enumerate(group_refs)
+        ]
         ref_widths: dict[int, set[int]] = {}
         for g, refs in enumerate(self._group_refs):
             for idx, unpadded in refs:

@@ -109,6 +109,10 @@ def test_bridge_entries_refuse_wrong_types_with_our_errors():
         TorchKVWorker([(torch.zeros(4, 4), 4.0)], [[(0, 4)]], blocks_per_chunk=1, num_chunks=1)
     with pytest.raises(GappedLayoutError, match=r"cannot be viewed as bytes \(-1, 5\)"):
         TorchKVWorker([(torch.zeros(4, 4), 5)], [[(0, 4)]], blocks_per_chunk=1, num_chunks=1)
+    with pytest.raises(KVOffloadTypeError, match=r"tensors\[0\] must be a pair"):
+        TorchKVWorker([torch.zeros(4, 4)], [[(0, 4)]], blocks_per_chunk=1, num_chunks=1)
+    with pytest.raises(KVOffloadTypeError, match=r"group_refs\[0\]\[0\] must be a pair"):
+        TorchKVWorker([(torch.zeros(4, 4), 16)], [[0]], blocks_per_chunk=1, num_chunks=1)
     with pytest.raises(JobSpecError, match="fit its page"):
         TorchKVWorker([(torch.zeros(4, 4), 16)], [[(0, 17)]], blocks_per_chunk=1, num_chunks=1)
     for error in (GappedLayoutError, JobSpecError, JobSpecTypeError, NarrowingDTypeError):
@@ -136,6 +140,10 @@ def test_raw_pages_address_k_and_v_pages_of_a_kv_outermost_block_range():
         assert torch.equal(rp.rows[k_row], as_bytes(view[0, b]).reshape(-1))
         assert torch.equal(rp.rows[v_row], as_bytes(view[1, b]).reshape(-1))
     assert rp.rows_of([2, 0]).tolist() == [*rp.block_rows[2], *rp.block_rows[0]]
+    with pytest.raises(JobSpecTypeError, match="integers"):
+        rp.rows_of([2.9])  # not block 2
+    with pytest.raises(JobSpecError, match="outside"):
+        rp.rows_of([7])
 
 
 def test_raw_pages_refuse_scattered_pages_and_unaligned_block_strides():
