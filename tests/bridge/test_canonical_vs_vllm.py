@@ -10,9 +10,14 @@ noise-filled caches, every device byte (padding included) must be identical.
 from __future__ import annotations
 
 import itertools
+import os
 
 import numpy as np
 import pytest
+
+pytest.importorskip("torch")
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+pytest.importorskip("vllm", reason="vLLM 0.33.0 is not installed")
 
 from tests.bridge.test_vllm_canonical import (
     BLOCKS,
