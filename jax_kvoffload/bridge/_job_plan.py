@@ -7,38 +7,87 @@ The host list is chunk-granular: group g consumes
 `cdiv(size + skip, bpc)` chunk ids, `skip = block_index % bpc`, and its blocks land in
 chunk slots from `skip` on, so a list may start and end mid-chunk. Groups of size 0
 consume nothing, and both lists must be consumed exactly.
+
+Per block and ref, vLLM copies the ref's *unpadded* `page_size_bytes` from the start of
+the block's row (`_fill_direct_ops`), and counts them in `transfer_size` once per ref.
+Refs of one group on the same tensor (aliased layers) copy the same leading bytes, so
+the bytes moved per block are the widest of them; the size still counts every ref.
 """
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-__all__ = ["JobSpecError", "TensorMove", "plan_job"]
+from jax_kvoffload.errors import KVOffloadTypeError, KVOffloadValueError
+
+__all__ = ["JobSpecError", "JobSpecTypeError", "TensorMove", "int_ids", "plan_job"]
 
 
-class JobSpecError(ValueError):
+class JobSpecError(KVOffloadValueError):
     """A transfer job's specs do not describe a valid move (vLLM asserts instead)."""
+
+
+class JobSpecTypeError(KVOffloadTypeError):
+    """A transfer job's ids are not integers (e.g. floats, which would be truncated)."""
 
 
 @dataclass(frozen=True)
 class TensorMove:
-    """The blocks of one group moved for one registered tensor."""
+    """The blocks of one group moved for one registered tensor.
+
+    `width` is the bytes moved per block (the widest unpadded page of the group's refs
+    on the tensor, from the start of the block's row); `refs` is how many of the group's
+    refs point at the tensor (vLLM counts each in `transfer_size`)."""
 
     tensor: int
     block_ids: tuple[int, ...]
     chunk_ids: tuple[int, ...]
     first_slot: int
+    width: int = 0
+    refs: int = 1
 
 
-def _int_list(name: str, values: Any) -> list[int]:
-    arr = np.asarray(values if values is not None else [], dtype=np.int64).reshape(-1)
-    if arr.size and arr.min() < 0:
-        raise JobSpecError(f"{name} must be >= 0, got {arr.tolist()[:8]}")
-    return arr.tolist()
+def int_ids(name: str, values: Any) -> list[int]:
+    """`values` (a sequence or array of integers) as a list of Python ints, all >= 0.
+
+    Raises:
+      JobSpecTypeError: a value is not an integer (floats, bools and strings are refused:
+        `np.asarray(..., dtype=np.int64)` would truncate 2.7 to 2 and move another block).
+      JobSpecError: a value is negative.
+    """
+    if values is None:
+        return []
+    if isinstance(values, (str, bytes)) or np.ndim(values) != 1:
+        raise JobSpecTypeError(
+            f"{name} must be a flat sequence of integers, got {type(values).__name__} "
+            f"{values!r:.80}"
+        )
+    arr = np.asarray(values)
+    if arr.size == 0:
+        return []
+    if arr.dtype.kind in "iu":
+        out = arr.tolist()
+    elif arr.dtype.kind == "O" and not any(isinstance(v, bool) for v in arr.tolist()):
+        try:
+            out = [operator.index(v) for v in arr.tolist()]
+        except TypeError:
+            out = None
+    else:
+        out = None
+    if out is None:
+        sample = arr.tolist()[:8]
+        raise JobSpecTypeError(
+            f"{name} must be integers, got {arr.dtype} values {sample}; pass whole numbers "
+            "(a float id would be truncated and move another block)"
+        )
+    if min(out) < 0:
+        raise JobSpecError(f"{name} must be >= 0, got {out[:8]}")
+    return out
 
 
 def plan_job(
@@ -51,15 +100,16 @@ def plan_job(
 ) -> tuple[list[TensorMove], int]:
     """Returns the moves of a job and its size in bytes (unpadded pages, as vLLM counts).
 
+    `group_refs[g]` lists the `(tensor_idx, unpadded_page_bytes)` of group g's refs.
+
     Raises:
+      JobSpecTypeError: an id, size or index is not an integer.
       JobSpecError: the group counts, sizes or list lengths do not match.
     """
-    blocks = _int_list("device block ids", device_block_ids)
-    chunks = _int_list("host chunk ids", host_chunk_ids)
-    sizes = _int_list("group_sizes", [len(blocks)] if group_sizes is None else group_sizes)
-    starts = _int_list(
-        "block_indices", [0] * len(sizes) if block_indices is None else block_indices
-    )
+    blocks = int_ids("device block ids", device_block_ids)
+    chunks = int_ids("host chunk ids", host_chunk_ids)
+    sizes = int_ids("group_sizes", [len(blocks)] if group_sizes is None else group_sizes)
+    starts = int_ids("block_indices", [0] * len(sizes) if block_indices is None else block_indices)
     if len(sizes) != len(group_refs) or len(starts) != len(sizes):
         raise JobSpecError(
             f"a job lists {len(sizes)} group sizes and {len(starts)} block indices; the "
@@ -87,12 +137,15 @@ def plan_job(
         group_chunks = tuple(chunks[c_off : c_off + count])
         b_off += size
         c_off += count
-        seen: set[int] = set()
+        widths: dict[int, int] = {}
+        counts: dict[int, int] = {}
         for tensor, unpadded in group_refs[g]:
             size_bytes += size * unpadded
-            if tensor not in seen:  # aliased layers share one tensor: move it once
-                seen.add(tensor)
-                moves.append(TensorMove(tensor, ids, group_chunks, skip))
+            widths[tensor] = max(widths.get(tensor, 0), unpadded)
+            counts[tensor] = counts.get(tensor, 0) + 1
+        for tensor, width in widths.items():  # aliased refs: one move per tensor
+            if width:
+                moves.append(TensorMove(tensor, ids, group_chunks, skip, width, counts[tensor]))
     if c_off != len(chunks):
         raise JobSpecError(f"the job lists {len(chunks)} chunk ids but its groups use {c_off}")
     return moves, size_bytes

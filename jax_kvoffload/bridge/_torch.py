@@ -3,7 +3,11 @@
 Measured facts this module is built on (torch 2.13 + jax 0.10.2, on CPU):
 DLPack imports every KV dtype (bf16, fp16, fp32, fp8 e4m3/e5m2, int8, uint8) without a
 copy, in both directions; compact strides (contiguous or a pure permutation) import, any
-stride with gaps is refused by XLA. So a per-layer view that skips bytes (a block range
+stride with gaps is refused by XLA. Two silent traps are refused here instead: a tensor
+whose data does not start on a 64-byte boundary is *copied* by the import (measured: a
+uint8 view at byte offset 3 or 16 of an allocation), so the "view" would be a stale
+snapshot; and without `jax_enable_x64` a 64-bit tensor is narrowed (int64 2**40 + 1
+becomes 1, float64 becomes float32). So a per-layer view that skips bytes (a block range
 of a `[2, num_blocks, ...]` allocation, a block-outermost cross-layer layout) is reached
 through `raw_pages`: the whole backing allocation viewed as `[rows, page_bytes]` bytes,
 plus the row of every (block, part). Nothing here ever copies a whole KV cache.
@@ -18,11 +22,27 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["GappedLayoutError", "RawPages", "raw_pages", "to_jax", "to_torch"]
+from jax_kvoffload.errors import KVOffloadTypeError, KVOffloadValueError
+
+__all__ = [
+    "GappedLayoutError",
+    "NarrowingDTypeError",
+    "RawPages",
+    "raw_pages",
+    "to_jax",
+    "to_torch",
+]
+
+# XLA adopts an imported buffer only at this alignment; below it the import copies.
+_XLA_ALIGNMENT = 64
 
 
-class GappedLayoutError(ValueError):
-    """A tensor's strides cannot be viewed zero-copy the way that was asked."""
+class GappedLayoutError(KVOffloadValueError):
+    """A tensor's memory cannot be viewed zero-copy the way that was asked."""
+
+
+class NarrowingDTypeError(KVOffloadTypeError):
+    """A 64-bit tensor would lose bits in JAX (`jax_enable_x64` is off)."""
 
 
 def _is_compact(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
@@ -36,15 +56,40 @@ def _is_compact(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
     return True
 
 
+def check_tensor(tensor: Any, name: str = "tensor") -> None:
+    """Raises `KVOffloadTypeError` unless `tensor` is a torch tensor."""
+    import torch
+
+    if not isinstance(tensor, torch.Tensor):
+        raise KVOffloadTypeError(
+            f"{name} must be a torch.Tensor, got {type(tensor).__name__}; wrap numpy data "
+            "with torch.from_numpy first"
+        )
+
+
 def to_jax(tensor: Any) -> Any:
     """The JAX array over `tensor`'s memory (no copy; any KV dtype).
 
     Raises:
-      GappedLayoutError: the strides have gaps (XLA imports only compact layouts); view
-        the allocation with `raw_pages` instead.
+      KVOffloadTypeError: `tensor` is not a torch tensor.
+      NarrowingDTypeError: a 64-bit dtype (int64, uint64, float64, complex128) while
+        `jax_enable_x64` is off: JAX would narrow the values (2**40 + 1 -> 1).
+      GappedLayoutError: the strides have gaps (XLA imports only compact layouts), or
+        the data does not start on a 64-byte boundary (XLA would copy it); view the
+        allocation with `raw_pages` instead.
     """
     import jax
 
+    check_tensor(tensor)
+    item = tensor.element_size()
+    wide = item == (16 if tensor.is_complex() else 8)
+    if wide and not jax.config.jax_enable_x64:
+        raise NarrowingDTypeError(
+            f"a {tensor.dtype} tensor cannot be viewed in JAX without losing bits: with "
+            "jax_enable_x64 off, JAX narrows 64-bit values (int64 2**40 + 1 becomes 1). "
+            "Enable it (jax.config.update('jax_enable_x64', True)) or view the tensor as "
+            "32-bit words first (tensor.view(torch.int32))"
+        )
     shape, strides = tuple(tensor.shape), tuple(tensor.stride())
     if not _is_compact(shape, strides):
         raise GappedLayoutError(
@@ -53,13 +98,36 @@ def to_jax(tensor: Any) -> Any:
             "duplicate the KV cache, so use raw_pages(tensor, block_axis) to view the "
             "backing allocation as pages instead"
         )
-    return jax.dlpack.from_dlpack(tensor.detach())
+    if tensor.numel() and tensor.data_ptr() % _XLA_ALIGNMENT:
+        raise GappedLayoutError(
+            f"a tensor of shape {shape} starts at address {tensor.data_ptr():#x}, which is "
+            f"not {_XLA_ALIGNMENT}-byte aligned, so XLA would import a copy (a stale "
+            "snapshot, not a view); view the whole allocation from its start instead"
+        )
+    array = jax.dlpack.from_dlpack(tensor.detach())
+    if tensor.numel() and array.unsafe_buffer_pointer() != tensor.data_ptr():
+        raise GappedLayoutError(
+            f"importing a tensor of shape {shape} {tensor.dtype} into JAX made a copy (the "
+            "array is at another address), so it would not see later writes; pass a "
+            "contiguous, aligned tensor"
+        )
+    return array
 
 
 def to_torch(array: Any) -> Any:
-    """The torch tensor over a JAX array's memory (no copy)."""
+    """The torch tensor over a JAX array's memory (no copy).
+
+    Raises:
+      KVOffloadTypeError: `array` is not a `jax.Array`.
+    """
+    import jax
     import torch
 
+    if not isinstance(array, jax.Array):
+        raise KVOffloadTypeError(
+            f"array must be a jax.Array, got {type(array).__name__}; use torch.from_numpy "
+            "for numpy data"
+        )
     return torch.from_dlpack(array)
 
 
@@ -87,8 +155,19 @@ class RawPages:
         return int(self.block_rows.shape[0])
 
     def rows_of(self, block_ids: Any) -> np.ndarray:
-        """Row ids of the given blocks, block-major (`[n * parts]`)."""
-        return self.block_rows[np.asarray(block_ids, dtype=np.int64)].reshape(-1)
+        """Row ids of the given blocks, block-major (`[n * parts]`).
+
+        Raises:
+          JobSpecTypeError: an id is not an integer (a float would be truncated).
+          JobSpecError: an id is negative or not below `num_blocks`.
+        """
+        from jax_kvoffload.bridge._job_plan import JobSpecError, int_ids
+
+        ids = int_ids("block_ids", block_ids)
+        bad = [b for b in ids if b >= self.num_blocks]
+        if bad:
+            raise JobSpecError(f"block ids {bad[:8]} are outside [0, {self.num_blocks})")
+        return self.block_rows[np.asarray(ids, dtype=np.int64)].reshape(-1)
 
 
 def raw_pages(tensor: Any, block_axis: int = 0) -> RawPages:
@@ -106,7 +185,10 @@ def raw_pages(tensor: Any, block_axis: int = 0) -> RawPages:
     """
     import torch
 
+    check_tensor(tensor)
     shape, strides = tuple(tensor.shape), tuple(tensor.stride())
+    if isinstance(block_axis, bool) or not isinstance(block_axis, int):
+        raise KVOffloadTypeError(f"block_axis must be an int, got {block_axis!r}")
     if not 0 <= block_axis < len(shape):
         raise GappedLayoutError(f"block_axis={block_axis} is outside a tensor of rank {len(shape)}")
     inner_shape, inner_strides = shape[block_axis + 1 :], strides[block_axis + 1 :]

@@ -1,16 +1,25 @@
 """Worker side for torch engines: vLLM's KV tensors <-> our host chunks.
 
-Stores go through our `TransferEngine`: every registered tensor is viewed zero-copy as
-whole-allocation pages (`raw_pages`, DLPack) and is one engine group, so the gather
-kernel reads vLLM's memory directly and host rows hold `blocks_per_chunk` pages per
-tensor, like vLLM's direct CPU layout. Loads cannot use the engine's donated scatter
-(measured: a donated XLA scatter on a DLPack-imported buffer writes a new buffer, never
-the torch one), so a load reads the chunk rows and writes them with one torch
-`index_copy_` per tensor into vLLM's own tensor (docs/vllm.md, "Load path").
+The bytes moved are exactly vLLM 0.33.0's `CPUOffloadingWorker`'s: per block and ref,
+the ref's *unpadded* page from the start of the block's row, wherever that row lies in
+the tensor's storage (`_tensor_bytes`); every other device byte stays as it is, and a
+host slot holds only the widest unpadded page of its tensor. `transfer_size` is vLLM's
+count (every ref's unpadded page; a canonical store: the bytes this rank wrote).
+
+Stores of accelerator tensors run our gather kernel over a zero-copy JAX view of each
+tensor's storage (a DLPack import of its block span as `[rows, unit]` bytes), copy the
+staging to host memory with `jax.device_put`, and write the chunk slots on the store
+thread. A CPU tensor already is host memory: its store copies the blocks straight from a
+numpy view into the slots (one copy instead of a gather plus a copy, and no compile per
+shape); `store_kernel=True` forces the kernel path there too (tests, benchmarks). Loads cannot use a
+donated JAX scatter (measured: a donated XLA scatter on a DLPack-imported buffer writes
+a new buffer, never the torch one), so a load reads the slots and writes them with one
+torch `index_copy_` per tensor into a strided view of vLLM's own tensor
+(docs/vllm.md, "Data path").
 
 Threads: `submit_*`, `get_finished`, `wait` and `shutdown` are called from one thread
-(vLLM's worker). Stores run on the engine's store thread; loads on one thread per queue
-(regular, expedited), FIFO each.
+(vLLM's worker). Stores, regular loads and expedited loads each run on their own thread
+and complete FIFO, like vLLM's three handlers.
 """
 
 from __future__ import annotations
@@ -26,13 +35,20 @@ from typing import Any
 import numpy as np
 
 import pallas_kernels as pk
-from jax_kvoffload.bridge._job_plan import JobSpecError, TensorMove, plan_job
-from jax_kvoffload.bridge._torch import raw_pages, to_jax
-from jax_kvoffload.transfer import GroupCaches, GroupTransfer, HostChunkPool, TransferEngine
+from jax_kvoffload.bridge._job_plan import JobSpecError, TensorMove, int_ids, plan_job
+from jax_kvoffload.bridge._tensor_bytes import TensorBytes, UnitRows
+from jax_kvoffload.errors import KVOffloadStateError, KVOffloadTypeError
+from jax_kvoffload.transfer import CanonicalPoolView, HostChunkPool, bucket_sizes
 
-__all__ = ["Finished", "TorchKVWorker"]
+__all__ = ["Finished", "TorchKVWorker", "WorkerClosedError", "host_widths"]
 
 logger = logging.getLogger(__name__)
+
+_QUEUES = ("store", "load", "expedited")
+
+
+class WorkerClosedError(KVOffloadStateError):
+    """A job was submitted after `shutdown`."""
 
 
 @dataclass(frozen=True)
@@ -46,42 +62,94 @@ class Finished:
 
 
 @dataclass
-class _Load:
+class _Job:
     job_id: int
     future: Future
     size: int
     started: float
 
 
-def _sync_device(tensor: Any) -> None:
+def _sync_device(device: Any) -> None:
     """Orders our reads after the engine's pending writes to an accelerator tensor.
 
     On CPU torch ops are synchronous. On an accelerator our JAX work runs on JAX's own
     stream, which does not wait for torch's compute stream (untested on hardware)."""
-    if tensor.device.type != "cpu":
+    if device.type != "cpu":
         import torch
 
-        torch.accelerator.synchronize(tensor.device)
+        torch.accelerator.synchronize(device)
+
+
+def _to_host(staging: Any) -> Any:
+    """The staging array copied into host memory (pinned where the platform has it); on
+    CPU the device array already is host memory and numpy reads it in place."""
+    import jax
+
+    device = next(iter(staging.devices()))
+    if device.platform == "cpu":
+        return staging
+    kinds = {m.kind for m in device.addressable_memories()}
+    for kind in ("pinned_host", "unpinned_host"):
+        if kind in kinds:
+            return jax.device_put(staging, staging.sharding.with_memory_kind(kind))
+    return staging  # np.asarray copies it on the store thread
+
+
+def host_widths(group_refs: Sequence[Sequence[tuple[int, int]]]) -> dict[int, int]:
+    """Tensor index -> bytes a host slot holds per block: the widest unpadded page of the
+    refs on that tensor (vLLM copies each ref's page from the start of the block's row,
+    so the widest covers every ref). Tensors without a non-empty ref are left out."""
+    out: dict[int, int] = {}
+    for refs in group_refs:
+        for idx, unpadded in refs:
+            if unpadded:
+                out[idx] = max(out.get(idx, 0), unpadded)
+    return dict(sorted(out.items()))
+
+
+def _pair(name: str, index: int, value: Any) -> tuple[Any, Any]:
+    if not isinstance(value, (tuple, list)) or len(value) != 2:
+        raise KVOffloadTypeError(
+            f"{name}[{index}] must be a pair (tensors: (tensor, page_size_bytes); refs: "
+            f"(tensor_idx, unpadded_page_bytes)), got {value!r:.80}"
+        )
+    return value[0], value[1]
+
+
+def _check_int(name: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise KVOffloadTypeError(f"{name} must be an int, got {value!r}")
+    if value < minimum:
+        raise JobSpecError(f"{name}={value} must be >= {minimum}")
+    return int(value)
 
 
 class TorchKVWorker:
     """Moves blocks between torch KV tensors and a host chunk pool.
 
     Args:
-      tensors: `[(tensor, page_size_bytes)]`, each a `[num_blocks, page]` int8/uint8
-        view (vLLM's `CanonicalKVCacheTensor`s) or any tensor whose block axis is 0.
+      tensors: `[(tensor, page_size_bytes)]` (vLLM's `CanonicalKVCacheTensor`s): block b
+        is the row b of `tensor.view(uint8).view(-1, page_size_bytes)`, at any byte
+        offset and stride of the tensor's storage.
       group_refs: per group, the `(tensor_idx, unpadded_page_bytes)` of its layers, in
-        layer order (vLLM's `CanonicalKVCacheRef`s).
+        layer order (vLLM's `CanonicalKVCacheRef`s); `0 <= unpadded <= page`.
       blocks_per_chunk: device blocks per host chunk.
       num_chunks: host chunks (the manager's `num_chunks`).
       result_type: builds a result from `Finished`'s fields (vLLM's `TransferResult`).
-      backend, max_bucket: passed to the transfer engine / kernels.
-      pool: host pool to use instead of a private `HostChunkPool` (e.g. a
-        `CanonicalPoolView`); its `bytes_per_block[t]` must be tensor t's page bytes.
+      backend, max_bucket: passed to the gather kernel / its bucketing.
+      max_staging_bytes: largest staging array per kernel call.
+      store_kernel: gather stores with our kernel (True), or copy CPU tensors' blocks
+        with numpy (False); None: the kernel for accelerator tensors only.
+      pool: host pool to use instead of a private `HostChunkPool` (a shared region's, or
+        a `CanonicalPoolView`); its `bytes_per_block[t]` must be `widths[t]`.
       on_shutdown: called once after `shutdown` has drained every job (e.g. to unmap a
         shared host region).
       not_ready: returns why jobs cannot run yet (e.g. not every rank has mapped the
         shared region), or None; while it gives a reason, jobs end as failures.
+
+    Attributes:
+      widths: tensor index -> bytes a host slot holds per block: the widest unpadded page
+        of the refs on the tensor (tensors no ref points at have none).
     """
 
     def __init__(
@@ -94,46 +162,67 @@ class TorchKVWorker:
         result_type: Any = Finished,
         backend: str = "auto",
         max_bucket: int = 256,
+        max_staging_bytes: int = 64 << 20,
+        store_kernel: bool | None = None,
         pool: Any = None,
         on_shutdown: Any = None,
         not_ready: Any = None,
     ) -> None:
-        self._pages = [raw_pages(t) for t, _ in tensors]
-        for i, ((t, page), rp) in enumerate(zip(tensors, self._pages, strict=True)):
-            if rp.block_rows.shape[1] != 1 or rp.page_bytes != page:
-                raise JobSpecError(
-                    f"tensor {i} (shape {tuple(t.shape)}) must be one {page}-byte page per "
-                    f"block; its pages are {rp.page_bytes} bytes x {rp.block_rows.shape[1]}"
-                )
-        self._tensors = [t for t, _ in tensors]
-        self._group_refs = [list(refs) for refs in group_refs]
+        self._bpc = _check_int("blocks_per_chunk", blocks_per_chunk, 1)
+        num_chunks = _check_int("num_chunks", num_chunks, 0)
+        bucket_sizes(0, max_bucket)  # validates max_bucket
+        self._geo = [
+            TensorBytes.of(*_pair("tensors", i, pair), name=f"tensor {i}")
+            for i, pair in enumerate(tensors)
+        ]
+        self._group_refs = [
+            [_pair(f"group_refs[{g}]", i, ref) for i, ref in enumerate(refs)]
+            for g, refs in enumerate(group_refs)
+        ]
+        ref_widths: dict[int, set[int]] = {}
         for g, refs in enumerate(self._group_refs):
             for idx, unpadded in refs:
-                if not 0 <= idx < len(tensors) or not 0 < unpadded <= tensors[idx][1]:
-                    raise JobSpecError(f"group {g}: bad ref (tensor {idx}, page {unpadded})")
-        self._bpc = blocks_per_chunk
+                _check_int(f"group {g} ref tensor_idx", idx, 0)
+                _check_int(f"group {g} ref page_size_bytes", unpadded, 0)
+                if idx >= len(self._geo) or unpadded > self._geo[idx].page:
+                    raise JobSpecError(
+                        f"group {g}: a ref to tensor {idx} of {unpadded} bytes; refs must "
+                        f"point at one of the {len(self._geo)} tensors and fit its page"
+                    )
+                if unpadded:
+                    ref_widths.setdefault(idx, set()).add(unpadded)
+        self.widths = host_widths(self._group_refs)
+        for t, width in self.widths.items():
+            self._geo[t].check_width(width, f"tensor {t}")
         self._result_type = result_type
-        widths = {i: rp.page_bytes for i, rp in enumerate(self._pages)}
         if pool is None:
-            pool = HostChunkPool(num_chunks, widths, blocks_per_chunk)
-        elif dict(pool.bytes_per_block) != widths or pool.blocks_per_chunk != blocks_per_chunk:
+            pool = HostChunkPool(num_chunks, self.widths, self._bpc)
+        elif (dict(pool.bytes_per_block), pool.blocks_per_chunk, pool.num_chunks) != (
+            self.widths,
+            self._bpc,
+            num_chunks,
+        ):
             raise JobSpecError(
-                f"the pool holds {dict(pool.bytes_per_block)} bytes per block in chunks of "
-                f"{pool.blocks_per_chunk}; the tensors need {widths} in chunks of "
-                f"{blocks_per_chunk}"
+                f"the pool holds {dict(pool.bytes_per_block)} bytes per block in "
+                f"{pool.num_chunks} chunks of {pool.blocks_per_chunk}; the tensors need "
+                f"{self.widths} in {num_chunks} chunks of {self._bpc}"
             )
         self.pool = pool
+        self._canonical = isinstance(pool, CanonicalPoolView)
+        if store_kernel is False and any(self._geo[t].device.type != "cpu" for t in self.widths):
+            raise JobSpecError("store_kernel=False needs CPU tensors; use None or True")
+        self._units: dict[int, UnitRows] = {
+            t: self._geo[t].unit_rows(ref_widths[t], f"tensor {t}")
+            for t in self.widths
+            if store_kernel or (store_kernel is None and self._geo[t].device.type != "cpu")
+        }
+        self._kernel_kw = {"backend": backend}
+        self._max_bucket = max_bucket
+        self._max_staging = max_staging_bytes
         self._on_shutdown = on_shutdown
         self._not_ready = not_ready
-        caches = {
-            i: GroupCaches([to_jax(rp.rows)], pk.KVLayout.raw()) for i, rp in enumerate(self._pages)
-        }
-        self._engine = TransferEngine(caches, self.pool, backend=backend, max_bucket=max_bucket)
-        self._store_sizes: dict[int, int] = {}
-        self._loads = {q: deque() for q in ("load", "expedited")}
-        self._threads = {
-            q: ThreadPoolExecutor(1, thread_name_prefix=f"kv-{q}") for q in self._loads
-        }
+        self._jobs: dict[str, deque[_Job]] = {q: deque() for q in _QUEUES}
+        self._threads = {q: ThreadPoolExecutor(1, thread_name_prefix=f"kv-{q}") for q in _QUEUES}
         self._ready: list[Any] = []
         self._closed = False
 
@@ -141,62 +230,58 @@ class TorchKVWorker:
 
     def submit_store(self, job_id: int, src_spec: Any, dst_spec: Any) -> bool:
         """Device blocks (`src_spec`: ids, group_sizes, block_indices) -> host chunks."""
-        moves, size = self._plan(src_spec, dst_spec, src_is_device=True)
-        if self._refused(job_id, size):
-            return True
-        for t in {m.tensor for m in moves}:
-            _sync_device(self._tensors[t])
-        transfers = [
-            GroupTransfer(m.tensor, tuple(self._rows(m)), m.chunk_ids, m.first_slot) for m in moves
-        ]
-        self._engine.submit_store(job_id, transfers)
-        if hasattr(self.pool, "store_bytes"):  # canonical pages: only the bytes written
+        moves, size = self._plan(job_id, src_spec, dst_spec, load=False)
+        if self._canonical:  # vLLM counts what this rank writes (writer rotation)
             size = sum(
-                self.pool.store_bytes(m.tensor, list(m.chunk_ids), m.first_slot, len(m.block_ids))
+                m.refs
+                * self.pool.store_bytes(m.tensor, list(m.chunk_ids), m.first_slot, len(m.block_ids))
                 for m in moves
             )
-        self._store_sizes[job_id] = size
+        if self._refused(job_id, size):
+            return True
+        for device in {self._geo[m.tensor].device for m in moves}:
+            _sync_device(device)
+        started = time.perf_counter()
+        try:
+            staged = [piece for m in moves for piece in self._gather(m)]
+        except Exception as exc:  # e.g. device memory exhausted: the job fails, reported
+            self._enqueue("store", job_id, exc, size, started)
+            return True
+        self._enqueue("store", job_id, lambda: self._write(staged), size, started)
         return True
 
     def submit_load(
         self, job_id: int, src_spec: Any, dst_spec: Any, expedited: bool = False
     ) -> bool:
         """Host chunks (`src_spec`) -> device blocks (`dst_spec`); returns at once."""
-        moves, size = self._plan(dst_spec, src_spec, src_is_device=False)
+        moves, size = self._plan(job_id, dst_spec, src_spec, load=True)
         if self._refused(job_id, size):
             return True
         queue = "expedited" if expedited else "load"
-        future = self._threads[queue].submit(self._run_load, moves)
-        self._loads[queue].append(_Load(job_id, future, size, time.perf_counter()))
+        self._enqueue(queue, job_id, lambda: self._run_load(moves), size, time.perf_counter())
         return True
 
     def get_finished(self) -> list[Any]:
         """Results of the jobs that ended since the last call (FIFO per queue)."""
         out, self._ready = self._ready, []
-        out += [self._store_result(r) for r in self._engine.get_finished()]
-        for queue in self._loads.values():
+        for queue in self._jobs.values():
             while queue and queue[0].future.done():
-                out.append(self._load_result(queue.popleft()))
+                out.append(self._result(queue.popleft()))
         return out
 
     def wait(self, job_ids: set[int] | Sequence[int]) -> None:
         """Blocks until the given jobs ended; their results stay for `get_finished`."""
-        wanted = set(job_ids)
-        stores = [j for j in wanted if j in self._store_sizes]
-        if stores:
-            self._ready += [self._store_result(r) for r in self._engine.wait(stores)]
-        for queue in self._loads.values():
-            for load in queue:
-                if load.job_id in wanted:
-                    load.future.exception()  # waits without raising
+        wanted = set(int_ids("job_ids", list(job_ids)))
+        for queue in self._jobs.values():
+            for job in list(queue):
+                if job.job_id in wanted:
+                    job.future.exception()  # waits without raising
 
     def shutdown(self) -> None:
         """Waits for every job, then frees the threads. Idempotent."""
         if self._closed:
             return
         self._closed = True
-        self.wait(set(self._store_sizes) | {ld.job_id for q in self._loads.values() for ld in q})
-        self._engine.close()
         for pool in self._threads.values():
             pool.shutdown(wait=True)
         if self._on_shutdown is not None:
@@ -204,10 +289,16 @@ class TorchKVWorker:
 
     # -- internals ------------------------------------------------------------------
 
-    def _plan(self, device_spec: Any, host_spec: Any, *, src_is_device: bool):
+    def _plan(
+        self, job_id: int, device_spec: Any, host_spec: Any, *, load: bool
+    ) -> tuple[list[TensorMove], int]:
+        """The job's moves, checked: ids in range, a load writing each block once."""
         if self._closed:
-            raise JobSpecError("the worker is shut down")
-        return plan_job(
+            raise WorkerClosedError(f"job {job_id}: the worker is shut down")
+        _check_int("job_id", job_id, 0)
+        if any(j.job_id == job_id for q in self._jobs.values() for j in q):
+            raise JobSpecError(f"job id {job_id} is already in flight")
+        moves, size = plan_job(
             device_spec.block_ids,
             getattr(device_spec, "group_sizes", None),
             getattr(device_spec, "block_indices", None),
@@ -215,6 +306,25 @@ class TorchKVWorker:
             self._group_refs,
             self._bpc,
         )
+        written: dict[int, set[int]] = {}
+        for m in moves:
+            self.pool.check_chunks(list(m.chunk_ids))
+            nb = self._geo[m.tensor].num_blocks
+            if max(m.block_ids) >= nb:
+                raise JobSpecError(
+                    f"tensor {m.tensor}: block ids {sorted(b for b in m.block_ids if b >= nb)[:8]}"
+                    f" are outside [0, {nb})"
+                )
+            if load:
+                seen = written.setdefault(m.tensor, set())
+                if len(seen | set(m.block_ids)) != len(seen) + len(m.block_ids):
+                    raise JobSpecError(
+                        f"a load writes tensor {m.tensor}'s blocks more than once "
+                        f"({sorted(m.block_ids)[:8]}...): the bytes left would depend on "
+                        "copy order; list each device block once per load"
+                    )
+                seen.update(m.block_ids)
+        return moves, size
 
     def _refused(self, job_id: int, size: int) -> bool:
         """Ends the job as a failure while `not_ready` gives a reason (logged)."""
@@ -228,33 +338,64 @@ class TorchKVWorker:
         self._ready.append(self._result_type(job_id, False, size, 0.0))
         return True
 
-    def _rows(self, move: TensorMove) -> np.ndarray:
-        return self._pages[move.tensor].rows_of(move.block_ids)
+    def _enqueue(self, queue: str, job_id: int, work: Any, size: int, started: float) -> None:
+        if isinstance(work, BaseException):
+            future: Future = Future()
+            future.set_exception(work)
+        else:
+            future = self._threads[queue].submit(work)
+        self._jobs[queue].append(_Job(job_id, future, size, started))
+
+    def _gather(self, m: TensorMove) -> list[tuple[TensorMove, int, int, Any]]:
+        """The blocks of one move on their way to host memory, in power-of-two buckets:
+        `[(move, first slot, blocks, host staging or a numpy gather to run)]`."""
+        units = self._units.get(m.tensor)
+        if units is None:  # a CPU tensor: numpy copies on the store thread
+            view = self._geo[m.tensor].host_blocks(m.width)
+            ids = np.asarray(m.block_ids, dtype=np.int64)
+            return [(m, m.first_slot, len(ids), lambda: view[ids])]
+        rows = units.rows_of(np.asarray(m.block_ids), m.width)
+        k = m.width // units.unit
+        bucket = self._max_bucket
+        while bucket > 1 and bucket * m.width > self._max_staging:
+            bucket //= 2
+        out, start = [], 0
+        for n in bucket_sizes(len(m.block_ids), bucket):
+            ids = rows[start * k : (start + n) * k]
+            staging = pk.gather_blocks(
+                [units.array], ids, layout=pk.KVLayout.raw(), **self._kernel_kw
+            )
+            out.append((m, m.first_slot + start, n, _to_host(staging)))
+            start += n
+        return out
+
+    def _write(self, staged: list[tuple[TensorMove, int, int, Any]]) -> None:
+        for m, first, n, host in staged:
+            data = host() if callable(host) else np.asarray(host)  # waits for the D2H copy
+            self.pool.write_blocks(m.tensor, list(m.chunk_ids), first, data.reshape(n, m.width))
 
     def _run_load(self, moves: list[TensorMove]) -> None:
         import torch
 
+        # Every slot is read before any device byte is written: a failed read leaves
+        # the tensors as they were.
+        reads = []
         for m in moves:
-            rp = self._pages[m.tensor]
-            host = np.empty((len(m.block_ids), rp.page_bytes), dtype=np.uint8)
+            host = np.empty((len(m.block_ids), m.width), dtype=np.uint8)
             self.pool.read_blocks(m.tensor, list(m.chunk_ids), m.first_slot, len(host), host)
-            dst = rp.rows
-            index = torch.from_numpy(self._rows(m))
+            reads.append((m, host))
+        for m, host in reads:
+            dst = self._geo[m.tensor].block_view(m.width)
+            index = torch.tensor(m.block_ids, dtype=torch.int64)
             src = torch.from_numpy(host)
             if dst.device.type != "cpu":  # one H2D copy of the staged pages
                 src, index = src.to(dst.device), index.to(dst.device)
             dst.index_copy_(0, index, src)
-            _sync_device(dst)
+            _sync_device(dst.device)
 
-    def _store_result(self, r: Any) -> Any:
-        size = self._store_sizes.pop(r.job_id, r.size_bytes)
-        if not r.success:
-            logger.warning("store job %d failed: %s", r.job_id, r.error)
-        return self._result_type(r.job_id, r.success, size, r.seconds)
-
-    def _load_result(self, load: _Load) -> Any:
-        error = load.future.exception()
+    def _result(self, job: _Job) -> Any:
+        error = job.future.exception()
         if error is not None:
-            logger.warning("load job %d failed: %r", load.job_id, error)
-        seconds = time.perf_counter() - load.started
-        return self._result_type(load.job_id, error is None, load.size, seconds)
+            logger.warning("offload job %d failed: %r", job.job_id, error)
+        seconds = time.perf_counter() - job.started
+        return self._result_type(job.job_id, error is None, job.size, seconds)

@@ -18,7 +18,7 @@ worker pool is built).
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from jax_kvoffload.config import (
@@ -141,16 +141,17 @@ def canonical_worker_pool(
     *,
     num_chunks: int,
     blocks_per_chunk: int,
-    page_bytes: Sequence[int],
+    widths: Mapping[int, int],
 ) -> tuple[CanonicalPoolView, SharedHostRegion | None]:
     """This rank's `CanonicalPoolView` and the shared region behind it (None with one
-    worker process). `page_bytes[t]` is tensor t's padded page (its host row per block)."""
+    worker process). `widths[t]` is the unpadded page of tensor t's refs (the bytes the
+    worker moves per block; vLLM's `mapping.local_page_size_bytes`)."""
     # Imported here: `jax_kvoffload.bridge.vllm` (loaded by vLLM's scheduler too) stays
     # free of JAX until a worker is built.
-    from jax_kvoffload.transfer import CanonicalPoolView, plan_for_padded_page
+    from jax_kvoffload.transfer import CanonicalPoolView, TransferError, plan_for_group
 
     mappings, portable = tensor_mappings(kv_caches, config)
-    missing = sorted(set(range(len(page_bytes))) - set(mappings))
+    missing = sorted(set(range(len(kv_caches.tensors))) - set(mappings))
     if missing:
         raise CanonicalWorkerError(
             f"tensors {missing} are referenced by no layer; canonical pages need a mapping "
@@ -158,16 +159,23 @@ def canonical_worker_pool(
             layer=None,
             reason="unreferenced tensor",
         )
-    plans = {t: plan_for_padded_page(mappings[t], page_bytes[t]) for t in sorted(mappings)}
-    widths = {t: p.canonical_block_bytes for t, p in plans.items()}
-    pool, region = _pool(config, "", num_chunks, widths, blocks_per_chunk)
+    try:
+        plans = {t: plan_for_group([mappings[t]], [widths[t]]) for t in widths}
+    except TransferError as e:
+        raise CanonicalWorkerError(
+            f"a layer's canonical mapping does not cover its unpadded page: {e}. {_ADVICE}",
+            layer=None,
+            reason="mapping does not match the page",
+        ) from e
+    rows = {t: p.canonical_block_bytes for t, p in plans.items()}
+    pool, region = _pool(config, "", num_chunks, rows, blocks_per_chunk)
     logger.info(
         "canonical host pages: rank %d of %d, %d tensors, %d canonical bytes per block, "
         "all layers portable: %s",
         config.parallel.rank,
         config.parallel.world_size,
         len(plans),
-        sum(widths.values()),
+        sum(rows.values()),
         portable,
     )
     return CanonicalPoolView(pool, plans), region
@@ -178,11 +186,11 @@ def shared_direct_pool(
     *,
     num_chunks: int,
     blocks_per_chunk: int,
-    page_bytes: Sequence[int],
+    widths: Mapping[int, int],
 ) -> tuple[HostChunkPool, SharedHostRegion | None]:
-    """One pool of direct pages (`page_bytes[t]` per block of tensor t) in a region that
-    every worker process of the engine maps (`world_size` of them)."""
-    widths = dict(enumerate(page_bytes))
+    """One pool of direct pages (`widths[t]` bytes per block of tensor t: its unpadded
+    page) in a region that every worker process of the engine maps (`world_size`)."""
+    widths = dict(widths)
     pool, region = _pool(config, "_replicated", num_chunks, widths, blocks_per_chunk)
     logger.info(
         "replicated host pages: one copy for %d workers (%d bytes per block)",

@@ -43,7 +43,7 @@ def build_spec_classes() -> dict[str, type]:
     from vllm.v1.kv_offload.cpu.common import CPUOffloadingInfo
     from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
 
-    from jax_kvoffload.bridge._torch_worker import TorchKVWorker
+    from jax_kvoffload.bridge._torch_worker import TorchKVWorker, host_widths
     from jax_kvoffload.bridge._vllm_manager import build_manager_class
 
     manager_cls = build_manager_class()
@@ -60,33 +60,48 @@ def build_spec_classes() -> dict[str, type]:
             num_chunks: int,
             config: OffloadingConfig | None = None,
         ):
-            """A worker over vLLM's `CanonicalKVCaches`. With `config`: canonical pages
-            when it sets `canonical_layout` (fails closed), else one host copy shared by
-            the workers when it sets `replicated_layout` with several workers; private
-            direct pages otherwise."""
+            """A worker over vLLM's `CanonicalKVCaches`, moving the bytes vLLM's
+            `CPUOffloadingWorker` moves (each ref's unpadded page). With `config`:
+            canonical pages when it sets `canonical_layout` (fails closed), else one host
+            copy shared by the workers when it sets `replicated_layout` with several
+            workers; private direct pages otherwise."""
+            tensors = [(t.tensor, t.page_size_bytes) for t in kv_caches.tensors]
+            refs = [
+                [(r.tensor_idx, r.page_size_bytes) for r in group]
+                for group in kv_caches.group_data_refs
+            ]
             pool = region = None
             sizes = {
                 "num_chunks": num_chunks,
                 "blocks_per_chunk": blocks_per_chunk,
-                "page_bytes": [t.page_size_bytes for t in kv_caches.tensors],
+                "widths": host_widths(refs),
             }
             if config is not None and config.canonical_layout:
                 pool, region = canonical_worker_pool(kv_caches, config, **sizes)
-            elif config is not None and config.replicated_layout and config.parallel.world_size > 1:
+            elif (
+                config is not None
+                and config.replicated_layout
+                and config.parallel.world_size > 1
+                and num_chunks > 0  # nothing to share (vLLM maps no region either)
+            ):
                 pool, region = shared_direct_pool(config, **sizes)
-            return cls(
-                [(t.tensor, t.page_size_bytes) for t in kv_caches.tensors],
-                [
-                    [(r.tensor_idx, r.page_size_bytes) for r in refs]
-                    for refs in kv_caches.group_data_refs
-                ],
-                blocks_per_chunk=blocks_per_chunk,
-                num_chunks=num_chunks,
-                result_type=base.TransferResult,
-                pool=pool,
-                on_shutdown=None if region is None else region.close,
-                not_ready=None if region is None else functools.partial(group_missing, region),
-            )
+            try:
+                return cls(
+                    tensors,
+                    refs,
+                    blocks_per_chunk=blocks_per_chunk,
+                    num_chunks=num_chunks,
+                    result_type=base.TransferResult,
+                    pool=pool,
+                    on_shutdown=None if region is None else region.close,
+                    not_ready=(
+                        None if region is None else functools.partial(group_missing, region)
+                    ),
+                )
+            except BaseException:
+                if region is not None:  # as vLLM's create_worker: no leaked region
+                    region.close()
+                raise
 
     class JaxOffloadingSpec(base.OffloadingSpec):
         """Host-memory offloading through jax_kvoffload (docs/vllm.md).
@@ -109,10 +124,12 @@ def build_spec_classes() -> dict[str, type]:
             self.offloading_config = our_offloading_config(config)
             self.canonical_layout = self.offloading_config.canonical_layout
             parallel = self.offloading_config.parallel
-            # Replicated (MLA) bytes are kept once, in a host region every worker maps
-            # (canonical or direct pages); vLLM's connector then lets only rank 0 store
-            # direct pages, and sizing counts one copy (like vLLM's tiering spec).
-            self.replicated_layout = self.offloading_config.replicated_layout
+            # vLLM's gate (CPUOffloadingSpec.__init__): keep one host copy of replicated
+            # (MLA) pages only where the workers' host buffer is one shared region, since
+            # a private buffer per rank would lose the pages non-writer ranks skip.
+            self.replicated_layout = (
+                self.offloading_config.replicated_layout and self._uses_shared_region()
+            )
             capacity = cpu_tier_capacity(
                 self.extra_config.get("cpu_bytes_to_use"),
                 # vLLM sizes nothing without workers (world_size 0): no KV bytes then.
@@ -133,6 +150,18 @@ def build_spec_classes() -> dict[str, type]:
             self.eviction_policy: str = self.extra_config.get("eviction_policy", "lru")
             self._manager: Any = None
             self._worker: Any = None
+
+        def _uses_shared_region(self) -> bool:
+            """Whether the workers' host buffer is one region they all map (vLLM's
+            predicate of the same name). Always, for ours: with several workers the
+            direct and canonical pools live in a `SharedHostRegion` on every platform
+            (like vLLM's `TieringOffloadingSpec`, which answers True for the same
+            reason); vLLM's CPU spec maps its region only on CUDA-alike and XPU hosts.
+            The guard that replaces vLLM's platform test: a worker whose peers have not
+            all mapped the region fails every job (`group_missing`), and a region that
+            cannot be made fails `get_worker`; there is no private fallback that
+            would silently drop the skipped stores (docs/vllm.md)."""
+            return True
 
         def get_manager(self) -> Any:
             if self._manager is None:

@@ -67,8 +67,9 @@ class CanonicalGroupPlan:
         and in the canonical block row (bytes).
       local_block_bytes, canonical_block_bytes: row widths per block.
       padding: trailing bytes of the local row that no mapping covers (a padded page,
-        e.g. vLLM's `page_size_bytes` over the unpadded page): never stored, zeroed by
-        loads.
+        e.g. vLLM's `page_size_bytes` over the unpadded page): never stored, and never
+        written by loads (`out` keeps whatever the caller put there: vLLM's worker never
+        touches the padding of a device page either).
     """
 
     def __init__(
@@ -189,8 +190,6 @@ class CanonicalGroupPlan:
         positions = np.arange(slots.size)
         for c in self._all:
             copy_rows(c.local_view(out), positions, c.canonical_view(canonical), slots, 1)
-        if self.padding:
-            out[:, self.local_block_bytes - self.padding :] = 0
         return out
 
 
@@ -255,7 +254,9 @@ def plan_for_padded_page(
 ) -> CanonicalGroupPlan:
     """The plan for one tensor whose block row is a `page_bytes` page of which the first
     `mapping.local_page_size_bytes` are mapped (vLLM's refs: padded vs unpadded page);
-    `canonical_bytes` widens the canonical row (default: the mapping's page)."""
+    `canonical_bytes` widens the canonical row (default: the mapping's page). Loads leave
+    the padding of `out` as the caller filled it, as vLLM's worker leaves a device page's
+    padding (our vLLM worker passes unpadded rows: `page_bytes` = the mapped page)."""
     local = mapping.local_page_size_bytes
     canonical = mapping.canonical_page_size_bytes if canonical_bytes is None else canonical_bytes
     if local > page_bytes or mapping.canonical_page_size_bytes > canonical:

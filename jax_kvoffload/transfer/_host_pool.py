@@ -12,10 +12,11 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from jax_kvoffload.errors import KVOffloadValueError
 from jax_kvoffload.transfer._strided import copy_rows
 
 
-class HostPoolError(ValueError):
+class HostPoolError(KVOffloadValueError):
     """A chunk id or row is outside the pool."""
 
 
@@ -114,12 +115,29 @@ class HostChunkPool:
         rows = self.rows(group)
         return rows.reshape(self.num_chunks * self.blocks_per_chunk, self.bytes_per_block[group])
 
+    def _leading(self, group: int, name: str, rows: np.ndarray, n: int | None = None):
+        """The group's slots cut to the width of `rows` (`[n, w]` uint8, w <= the slot)."""
+        flat = self.flat(group)
+        width = rows.shape[1] if rows.ndim == 2 else -1
+        if (
+            rows.dtype != np.uint8
+            or not 0 < width <= flat.shape[1]
+            or (n is not None and rows.shape[0] != n)
+        ):
+            raise HostPoolError(
+                f"{name} must be [{'n' if n is None else n}, w] uint8 with 0 < w <= "
+                f"{flat.shape[1]} (the group's bytes per block); got {rows.dtype} {rows.shape}"
+            )
+        return flat if width == flat.shape[1] else flat[:, :width]
+
     def write_blocks(self, group: int, chunk_ids: list[int], first: int, data: np.ndarray) -> None:
-        """Writes `data` ([n_blocks, bytes_per_block] uint8) into consecutive block slots,
+        """Writes `data` ([n_blocks, w] uint8) into the leading w bytes of consecutive
+        block slots (w <= bytes_per_block; the rest of each slot is left as it is),
         starting at slot `first` of chunk `chunk_ids[0]` (a chunk list may start and end
         mid-chunk)."""
+        dst = self._leading(group, "data", data)
         slots = self.slots(chunk_ids, first, data.shape[0])
-        copy_rows(self.flat(group), slots, data, np.arange(slots.size), 1)
+        copy_rows(dst, slots, data, np.arange(slots.size), 1)
 
     def move_shards(
         self,
@@ -150,14 +168,11 @@ class HostChunkPool:
     def read_blocks(
         self, group: int, chunk_ids: list[int], first: int, n_blocks: int, out: np.ndarray
     ) -> np.ndarray:
-        """Reads `n_blocks` block slots starting at slot `first` into `out` (`[n, bytes]`)."""
+        """Reads the leading w bytes of `n_blocks` block slots starting at slot `first`
+        into `out` (`[n_blocks, w]` uint8, w <= bytes_per_block)."""
         # Slices per run of consecutive slots: np.take(out=...) would stage through a
         # temporary (measured 2-3x slower for 64 MiB on the 2-core CI machine).
-        width = self.bytes_per_block.get(group)
-        if out.shape != (n_blocks, width) or out.dtype != np.uint8:
-            raise HostPoolError(
-                f"out must be [{n_blocks}, {width}] uint8; got {out.dtype} {out.shape}"
-            )
+        src = self._leading(group, "out", out, n_blocks)
         slots = self.slots(chunk_ids, first, n_blocks)
-        copy_rows(out, np.arange(n_blocks), self.flat(group), slots, 1)
+        copy_rows(out, np.arange(n_blocks), src, slots, 1)
         return out

@@ -9,6 +9,7 @@ from __future__ import annotations
 import random
 import subprocess
 import sys
+import threading
 from types import SimpleNamespace
 
 import numpy as np
@@ -19,12 +20,17 @@ torch = pytest.importorskip("torch")
 from jax_kvoffload.bridge.torch import (  # noqa: E402
     GappedLayoutError,
     JobSpecError,
+    JobSpecTypeError,
+    NarrowingDTypeError,
     TorchKVWorker,
+    WorkerClosedError,
     plan_job,
     raw_pages,
     to_jax,
     to_torch,
 )
+from jax_kvoffload.errors import KVOffloadError, KVOffloadTypeError  # noqa: E402
+from jax_kvoffload.transfer import HostPoolError  # noqa: E402
 
 DTYPES = [
     torch.bfloat16,
@@ -59,6 +65,60 @@ def test_dlpack_views_are_zero_copy_both_ways(dtype):
     assert torch.equal(as_bytes(back), as_bytes(t))
 
 
+def test_64_bit_tensors_are_refused_not_narrowed():
+    # Without jax_enable_x64 JAX narrows 64-bit values: 2**40 + 1 would arrive as 1.
+    import jax
+
+    assert not jax.config.jax_enable_x64
+    for t in (
+        torch.tensor([2**40 + 1], dtype=torch.int64),
+        torch.tensor([0.1], dtype=torch.float64),
+        torch.tensor([1 + 2j], dtype=torch.complex128),
+    ):
+        with pytest.raises(NarrowingDTypeError, match="jax_enable_x64") as e:
+            to_jax(t)
+        assert isinstance(e.value, KVOffloadTypeError) and isinstance(e.value, TypeError)
+    # 32-bit words carry the same bits exactly.
+    words = to_jax(torch.tensor([2**40 + 1], dtype=torch.int64).view(torch.int32))
+    assert np.asarray(words).view(np.int64).tolist() == [2**40 + 1]
+    assert to_jax(torch.tensor([1 + 2j], dtype=torch.complex64)).dtype == np.complex64
+
+
+def test_an_unaligned_view_is_refused_rather_than_silently_copied():
+    # Measured: XLA copies a buffer that does not start on a 64-byte boundary, so the
+    # "view" would never see later writes (a store would read a stale snapshot).
+    base = torch.zeros(4096, dtype=torch.uint8)
+    for offset in (3, 16):
+        with pytest.raises(GappedLayoutError, match="64-byte aligned"):
+            to_jax(base[offset : offset + 100])
+    view = to_jax(base[64:164])
+    base[64] = 7
+    assert int(np.asarray(view)[0]) == 7  # a view, not a copy
+
+
+def test_bridge_entries_refuse_wrong_types_with_our_errors():
+    with pytest.raises(KVOffloadTypeError, match=r"torch\.Tensor"):
+        to_jax(np.zeros(4))
+    with pytest.raises(KVOffloadTypeError, match=r"jax\.Array"):
+        to_torch(np.zeros(4))
+    with pytest.raises(KVOffloadTypeError, match=r"torch\.Tensor"):
+        raw_pages([1, 2, 3])
+    with pytest.raises(KVOffloadTypeError, match="block_axis"):
+        raw_pages(torch.zeros(4, 4), block_axis=0.0)
+    with pytest.raises(KVOffloadTypeError, match="page_size_bytes"):
+        TorchKVWorker([(torch.zeros(4, 4), 4.0)], [[(0, 4)]], blocks_per_chunk=1, num_chunks=1)
+    with pytest.raises(GappedLayoutError, match=r"cannot be viewed as bytes \(-1, 5\)"):
+        TorchKVWorker([(torch.zeros(4, 4), 5)], [[(0, 4)]], blocks_per_chunk=1, num_chunks=1)
+    with pytest.raises(KVOffloadTypeError, match=r"tensors\[0\] must be a pair"):
+        TorchKVWorker([torch.zeros(4, 4)], [[(0, 4)]], blocks_per_chunk=1, num_chunks=1)
+    with pytest.raises(KVOffloadTypeError, match=r"group_refs\[0\]\[0\] must be a pair"):
+        TorchKVWorker([(torch.zeros(4, 4), 16)], [[0]], blocks_per_chunk=1, num_chunks=1)
+    with pytest.raises(JobSpecError, match="fit its page"):
+        TorchKVWorker([(torch.zeros(4, 4), 16)], [[(0, 17)]], blocks_per_chunk=1, num_chunks=1)
+    for error in (GappedLayoutError, JobSpecError, JobSpecTypeError, NarrowingDTypeError):
+        assert issubclass(error, KVOffloadError)
+
+
 def test_permuted_views_import_and_gapped_views_are_refused_with_the_layout():
     base = torch.zeros((2, 12, 4, 2, 8), dtype=torch.float16)  # [2, num_blocks, ...]
     to_jax(base.permute(1, 0, 2, 3, 4))  # a pure permutation: compact, imports
@@ -80,6 +140,10 @@ def test_raw_pages_address_k_and_v_pages_of_a_kv_outermost_block_range():
         assert torch.equal(rp.rows[k_row], as_bytes(view[0, b]).reshape(-1))
         assert torch.equal(rp.rows[v_row], as_bytes(view[1, b]).reshape(-1))
     assert rp.rows_of([2, 0]).tolist() == [*rp.block_rows[2], *rp.block_rows[0]]
+    with pytest.raises(JobSpecTypeError, match="integers"):
+        rp.rows_of([2.9])  # not block 2
+    with pytest.raises(JobSpecError, match="outside"):
+        rp.rows_of([7])
 
 
 def test_raw_pages_refuse_scattered_pages_and_unaligned_block_strides():
@@ -103,14 +167,30 @@ def test_plan_starts_and_ends_mid_chunk_like_vllms_handler():
 
 
 def test_plan_skips_empty_groups_and_moves_aliased_tensors_once():
-    refs = [[(0, 64), (1, 32)], [(2, 64)], [(0, 64), (0, 64)]]
+    refs = [[(0, 64), (1, 32)], [(2, 64)], [(0, 48), (0, 64)]]
     moves, size = plan_job([0, 1, 2, 20, 21], [3, 0, 2], [0, 5, 3], [2, 5, 7, 9], refs, 2)
-    assert [(m.tensor, m.block_ids, m.chunk_ids, m.first_slot) for m in moves] == [
-        (0, (0, 1, 2), (2, 5), 0),
-        (1, (0, 1, 2), (2, 5), 0),
-        (0, (20, 21), (7, 9), 1),
+    assert [(m.tensor, m.block_ids, m.chunk_ids, m.first_slot, m.width, m.refs) for m in moves] == [
+        (0, (0, 1, 2), (2, 5), 0, 64, 1),
+        (1, (0, 1, 2), (2, 5), 0, 32, 1),
+        (0, (20, 21), (7, 9), 1, 64, 2),  # aliased refs: the widest page, counted twice
     ]
-    assert size == 3 * 96 + 2 * 128  # vLLM counts every ref's unpadded page
+    assert size == 3 * 96 + 2 * 112  # vLLM counts every ref's unpadded page
+
+
+@pytest.mark.parametrize(
+    "ids",
+    [[1.0, 2.0], np.array([1.5, 2.5]), [1, 2.7], [True, False], ["1", "2"], np.zeros((1, 2))],
+    ids=repr,
+)
+def test_plan_refuses_ids_that_are_not_integers_instead_of_truncating(ids):
+    # np.asarray([2.7], dtype=np.int64) is [2]: a float id would move another block.
+    with pytest.raises(JobSpecTypeError, match="integers") as e:
+        plan_job(ids, [2], [0], [0], [[(0, 8)]], 2)
+    assert isinstance(e.value, TypeError)
+    with pytest.raises(JobSpecTypeError, match="integers"):
+        plan_job([1, 2], [2.0], [0], [0], [[(0, 8)]], 2)
+    with pytest.raises(JobSpecTypeError, match="integers"):
+        plan_job([1, 2], [2], [0], ids, [[(0, 8)]], 2)
 
 
 @pytest.mark.parametrize(
@@ -133,7 +213,7 @@ def spec(block_ids, sizes=None, starts=None):
     )
 
 
-def run_random_jobs(dtype, seed, *, bpc, num_jobs):
+def run_random_jobs(dtype, seed, *, bpc, num_jobs, store_kernel=None):
     """Random stores and loads over 3 groups (two share a tensor) vs the model."""
     rng = random.Random(seed)
     gen = torch.Generator().manual_seed(seed)
@@ -143,7 +223,11 @@ def run_random_jobs(dtype, seed, *, bpc, num_jobs):
     pages = [int(np.prod(s[1:])) * tensors[0].element_size() for s in shapes]
     refs = [[(0, pages[0]), (1, pages[1])], [(2, pages[2])], [(0, pages[0])]]
     worker = TorchKVWorker(
-        [(t, p) for t, p in zip(tensors, pages)], refs, blocks_per_chunk=bpc, num_chunks=num_chunks
+        [(t, p) for t, p in zip(tensors, pages)],
+        refs,
+        blocks_per_chunk=bpc,
+        num_chunks=num_chunks,
+        store_kernel=store_kernel,
     )
     host: dict[tuple[int, int, int], torch.Tensor] = {}  # (tensor, chunk, slot) -> bytes
     stored: list[tuple[int, tuple[int, ...], int, int]] = []  # (group, chunks, first, n)
@@ -207,20 +291,42 @@ def test_worker_round_trips_with_one_block_per_chunk():
     assert run_random_jobs(torch.float16, seed=11, bpc=1, num_jobs=8) > 0
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float8_e5m2], ids=str)
+def test_worker_round_trips_through_the_gather_kernel(dtype):
+    # The accelerator store path (gather kernel over DLPack rows), forced on CPU.
+    assert run_random_jobs(dtype, seed=21, bpc=2, num_jobs=8, store_kernel=True) > 0
+
+
 def test_worker_reports_job_sizes_like_vllm_and_refuses_bad_specs():
     t = torch.zeros((8, 64), dtype=torch.int8)
     worker = TorchKVWorker([(t, 64)], [[(0, 48)]], blocks_per_chunk=2, num_chunks=4)
     try:
+        assert worker.widths == {0: 48} and worker.pool.bytes_per_block == {0: 48}
         worker.submit_store(1, spec([1, 2, 3], [3], [1]), spec([0, 1]))
         worker.wait([1])
         (r,) = worker.get_finished()
         assert (r.job_id, r.success, r.transfer_size) == (1, True, 3 * 48)  # unpadded pages
         with pytest.raises(JobSpecError, match="need 2 chunks"):
             worker.submit_store(2, spec([1, 2], [2], [1]), spec([0]))
-        assert worker.get_finished() == []
+        with pytest.raises(JobSpecError, match=r"block ids \[8\] are outside \[0, 8\)"):
+            worker.submit_store(2, spec([1, 8], [2], [0]), spec([0]))
+        with pytest.raises(HostPoolError, match=r"chunk ids \[4\]"):
+            worker.submit_store(2, spec([1, 2], [2], [0]), spec([4]))
+        with pytest.raises(JobSpecTypeError, match="integers"):
+            worker.submit_load(2, spec([0]), SimpleNamespace(block_ids=[1.0, 2.0]))
+        with pytest.raises(JobSpecError, match="more than once"):
+            worker.submit_load(2, spec([0]), spec([3, 3], [2], [0]))
+        gate = threading.Event()
+        worker._threads["store"].submit(gate.wait)  # hold the store thread
+        worker.submit_store(2, spec([1], [1], [0]), spec([0]))
+        with pytest.raises(JobSpecError, match="already in flight"):
+            worker.submit_store(2, spec([1], [1], [0]), spec([1]))
+        gate.set()
+        worker.wait({2})
+        assert [(r.job_id, r.success) for r in worker.get_finished()] == [(2, True)]
     finally:
         worker.shutdown()
-    with pytest.raises(JobSpecError, match="shut down"):
+    with pytest.raises(WorkerClosedError, match="shut down"):
         worker.submit_load(3, spec([0]), spec([1], [1], [0]))
 
 
@@ -230,15 +336,28 @@ def test_importing_the_torch_bridge_does_not_import_torch():
     assert out.stdout.strip() == "False"
 
 
-def test_a_load_that_fails_is_reported_and_leaves_the_tensor_alone():
-    t = torch.arange(8 * 16, dtype=torch.int16).reshape(8, 16)
-    before = t.clone()
-    worker = TorchKVWorker([(t, 32)], [[(0, 32)]], blocks_per_chunk=1, num_chunks=2)
+def test_a_load_that_fails_is_reported_and_leaves_the_tensors_alone():
+    # Two tensors: the second read fails after the first succeeded; every slot is read
+    # before any device byte is written, so neither tensor changes.
+    ts = [torch.arange(8 * 16, dtype=torch.int16).reshape(8, 16) for _ in range(2)]
+    before = [t.clone() for t in ts]
+    worker = TorchKVWorker(
+        [(t, 32) for t in ts], [[(0, 32), (1, 32)]], blocks_per_chunk=1, num_chunks=2
+    )
     try:
-        worker.submit_load(5, spec([7]), spec([3], [1], [0]))  # chunk 7 is not in the pool
+        read = worker.pool.read_blocks
+
+        def failing(group, *args):
+            if group == 1:
+                raise OSError("host memory went away")
+            return read(group, *args)
+
+        worker.pool.read_blocks = failing
+        worker.submit_load(5, spec([1]), spec([3], [1], [0]))
         worker.wait({5})
         (r,) = worker.get_finished()
-        assert (r.job_id, r.success) == (5, False)
-        assert torch.equal(t, before)
+        assert (r.job_id, r.success, r.transfer_size) == (5, False, 64)
+        for t, b in zip(ts, before, strict=True):
+            assert torch.equal(t, b)
     finally:
         worker.shutdown()

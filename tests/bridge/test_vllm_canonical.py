@@ -144,7 +144,10 @@ def shard(form, full, tp, rank, heads):
     return full.narrow(axis, first, h).contiguous()
 
 
-def rank_worker(v, form, tp, rank, heads, caches, engine_id, canonical=True):
+def rank_kv(v, form, tp, rank, heads, caches, pad=0, wrap=lambda t: t):
+    """One rank's `CanonicalKVCaches` over `caches`, certified by vLLM's `_layer_mapping`;
+    with `pad`, each cache is the leading bytes of a `page + pad`-byte row (vLLM's padded
+    pages: the tensor's page is padded, the ref's page is not)."""
     if form == "mla":
         spec = v.kvi.MLAAttentionSpec(
             block_size=BS, num_kv_heads=1, head_size=HS, dtype=v.torch.bfloat16
@@ -161,8 +164,17 @@ def rank_worker(v, form, tp, rank, heads, caches, engine_id, canonical=True):
         mapping = v.cm._layer_mapping(spec, logical, NB, ctx)
         assert mapping is not None
         flat = c.view(v.torch.int8).view(NB, -1)
-        tensors.append(v.base.CanonicalKVCacheTensor(flat, flat.shape[1]))
+        row = flat.shape[1] + pad
+        whole = flat.as_strided((NB, row), (row, 1))
+        tensors.append(v.base.CanonicalKVCacheTensor(wrap(whole), row))
         refs.append(v.base.CanonicalKVCacheRef(i, flat.shape[1], mapping))
+    return v.base.CanonicalKVCaches(tensors, [refs])
+
+
+def rank_worker(v, form, tp, rank, heads, caches, engine_id, canonical=True, pad=0):
+    """One rank's spec and worker over `caches` (see `rank_kv`)."""
+    kv = rank_kv(v, form, tp, rank, heads, caches, pad)
+    tensors = kv.tensors
     agnostic = form != "mla"
     cfg = v.vc.OffloadingConfig(
         groups=(v.vc.OffloadingGroupConfig(BS, tuple(f"l{i}" for i in range(LAYERS)), 0),),
@@ -182,7 +194,6 @@ def rank_worker(v, form, tp, rank, heads, caches, engine_id, canonical=True):
         replicated_layout=form == "mla",
     )
     spec_obj = v.bridge.JaxOffloadingSpec(cfg)
-    kv = v.base.CanonicalKVCaches(tensors, [refs])
     return spec_obj, spec_obj.get_worker(kv)
 
 
@@ -271,6 +282,49 @@ def test_ranks_store_tp1_pages_and_another_tp_loads_them(form, heads, tp, tp_loa
         worker.shutdown()
 
 
+def padded(v, cache, pad, gen):
+    """`cache` copied into the leading bytes of noise-filled `page + pad`-byte rows."""
+    page = cache[0].numel() * cache.element_size()
+    rows = v.torch.randint(-128, 128, (NB, page + pad), dtype=v.torch.int8, generator=gen)
+    rows[:, :page] = cache.view(v.torch.int8).reshape(NB, page)
+    return rows, rows[:, :page].view(cache.dtype).view(cache.shape)
+
+
+@vllm_only
+@pytest.mark.parametrize("form", ["split-nhd", "mla"])
+def test_canonical_pages_of_padded_tensors_move_only_the_mapped_bytes(form):
+    # vLLM's canonical copy plans cover the unpadded page: a load must leave every
+    # padding byte (and every block it does not load) exactly as it was.
+    v = _vllm()
+    gen = v.torch.Generator().manual_seed(5)
+    heads, tp, pad = (4, 2, 24) if form != "mla" else (1, 1, 40)
+    full = full_caches(v, form, heads, seed=5)
+    engine = f"pad{next(_ids)}"
+    ranks = []
+    for r in range(tp):
+        rows, caches = zip(*(padded(v, shard(form, f, tp, r, heads), pad, gen) for f in full))
+        _, worker = rank_worker(v, form, tp, r, heads, list(caches), engine, pad=pad)
+        # Host slots hold the unpadded page's canonical bytes, never the padding.
+        assert worker.widths == {t: c[0].numel() * 2 for t, c in enumerate(caches)}
+        ranks.append((list(rows), worker))
+    for _, worker in ranks:
+        assert run(worker, 1, "store", BLOCKS, CHUNKS, v).success
+    for r, (rows, worker) in enumerate(ranks):
+        for row in rows:
+            row.copy_(v.torch.randint(-128, 128, row.shape, dtype=v.torch.int8, generator=gen))
+        before = [row.clone() for row in rows]
+        run(worker, 2, "load", BLOCKS, CHUNKS, v)
+        for row, old, f in zip(rows, before, full, strict=True):
+            page = row.shape[1] - pad
+            want = shard(form, f, tp, r, heads).view(v.torch.int8).reshape(NB, page)
+            assert v.torch.equal(row[BLOCKS, :page], want[BLOCKS])
+            assert v.torch.equal(row[:, page:], old[:, page:])  # padding untouched
+            others = [b for b in range(NB) if b not in BLOCKS]
+            assert v.torch.equal(row[others], old[others])
+    for _, worker in ranks:
+        worker.shutdown()
+
+
 @vllm_only
 def test_an_uncertified_vllm_layout_fails_closed_at_get_worker():
     v = _vllm()
@@ -295,10 +349,8 @@ def test_replicated_mla_pages_are_one_copy_written_by_rank_0_and_read_by_all():
     v = _vllm()
     full = full_caches(v, "mla", 1, seed=3)
     engine = f"rep{next(_ids)}"
-    ranks = [
-        rank_worker(v, "mla", 2, r, 1, [f.clone() for f in full], engine, canonical=False)
-        for r in range(2)
-    ]
+    caches = [[f.clone() for f in full] for _ in range(2)]
+    ranks = [rank_worker(v, "mla", 2, r, 1, caches[r], engine, canonical=False) for r in range(2)]
     (spec0, w0), (spec1, w1) = ranks
     assert spec0.replicated_layout and spec1.replicated_layout
     run(w0, 1, "store", BLOCKS, CHUNKS, v)  # rank 0 only, as vLLM gates it
@@ -306,15 +358,32 @@ def test_replicated_mla_pages_are_one_copy_written_by_rank_0_and_read_by_all():
     for t in range(LAYERS):
         assert w1.pool.rows(t).any()
         np.testing.assert_array_equal(w1.pool.rows(t), w0.pool.rows(t))
-    caches1 = w1._tensors
-    for t in caches1:
-        t.zero_()
+    for c in caches[1]:
+        c.view(v.torch.int16).zero_()
     run(w1, 2, "load", BLOCKS, CHUNKS, v)
-    for t, f in zip(caches1, full, strict=True):
-        want = f.view(v.torch.int8).view(NB, -1)[BLOCKS]
-        assert v.torch.equal(t[BLOCKS], want)
+    for c, f in zip(caches[1], full, strict=True):
+        assert v.torch.equal(c[BLOCKS].view(v.torch.int16), f[BLOCKS].view(v.torch.int16))
     for _, w in ranks:
         w.shutdown()
+
+
+@vllm_only
+def test_replicated_pages_fail_until_every_rank_has_mapped_the_region(caplog):
+    # Only rank 0 stores replicated pages; a rank whose peers never map the region (on
+    # another host) would load pages nobody wrote: its jobs fail until all have joined.
+    v = _vllm()
+    full = full_caches(v, "mla", 1, seed=4)
+    engine = f"repalone{next(_ids)}"
+    _, w0 = rank_worker(v, "mla", 2, 0, 1, [f.clone() for f in full], engine, canonical=False)
+    gpu = v.base.GPULoadStoreSpec(BLOCKS, [len(BLOCKS)], [0])
+    assert w0.submit_store(1, gpu, v.CPU(np.asarray(CHUNKS, dtype=np.int64)))
+    (r,) = w0.get_finished()
+    assert (r.job_id, r.success) == (1, False)
+    assert "only 1 of the 2 worker processes" in caplog.text
+    _, w1 = rank_worker(v, "mla", 2, 1, 1, [f.clone() for f in full], engine, canonical=False)
+    assert run(w0, 2, "store", BLOCKS, CHUNKS, v).success
+    w0.shutdown()
+    w1.shutdown()
 
 
 def _rank_process(form, tp, rank, heads, engine_id, barrier, rows_out):

@@ -21,6 +21,7 @@ from vllm.v1.kv_offload import config as vc  # noqa: E402
 from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager  # noqa: E402
 from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec  # noqa: E402
 from vllm.v1.kv_offload.factory import OffloadingSpecFactory  # noqa: E402
+from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec  # noqa: E402
 
 from jax_kvoffload.bridge import vllm as bridge  # noqa: E402
 from jax_kvoffload.store import CapacityError  # noqa: E402
@@ -80,6 +81,55 @@ def test_sizing_metrics_and_config_info_match_vllms_cpu_spec(extra, wkb, world, 
     assert bridge.JaxOffloadingSpec.config_info_keys(extra_config) == (
         CPUOffloadingSpec.config_info_keys(extra_config)
     )
+
+
+@pytest.mark.parametrize("world", [2, 4, 8])
+def test_replicated_layout_follows_vllms_shared_region_gate(world, monkeypatch):
+    # vLLM keeps one host copy of replicated (MLA) pages only where the workers' host
+    # buffer is one shared region (`replicated_layout and _uses_shared_region()`). Ours
+    # always is (a SharedHostRegion on every platform), as vLLM's tiering spec's is.
+    cfg = offloading_config(
+        {**EXTRA, "cpu_bytes_to_use": 2 * 4096 * world},
+        wkb=4096,
+        world=world,
+        replicated_layout=True,
+    )
+
+    def sizing(spec):
+        return spec.replicated_layout, spec.kv_bytes_per_chunk, spec.num_chunks
+
+    one_copy = (True, 4096, 2 * world)
+    assert sizing(bridge.JaxOffloadingSpec(cfg)) == one_copy
+    assert sizing(TieringOffloadingSpec(cfg)) == one_copy
+    # vLLM's CPU spec maps its region only on CUDA-alike/XPU hosts: on this CPU host it
+    # keeps a private buffer per rank and so a copy per rank; on CUDA it answers as ours.
+    assert sizing(CPUOffloadingSpec(cfg)) == (False, 4096 * world, 2)
+    monkeypatch.setattr(CPUOffloadingSpec, "_uses_shared_region", lambda self: True)
+    assert sizing(CPUOffloadingSpec(cfg)) == one_copy
+    # Without the flag every spec sizes a copy per rank.
+    plain = offloading_config(
+        {**EXTRA, "cpu_bytes_to_use": 2 * 4096 * world}, wkb=4096, world=world
+    )
+    assert sizing(bridge.JaxOffloadingSpec(plain)) == (False, 4096 * world, 2)
+
+
+def test_a_replicated_worker_without_its_shared_region_fails_at_get_worker(monkeypatch):
+    # The guard that replaces vLLM's platform test: no private fallback (non-writer
+    # ranks skip their stores, so private memory would lose their pages).
+    import jax_kvoffload.transfer as transfer
+
+    class NoRegion:
+        def __init__(self, *args, **kwargs):
+            raise transfer.SharedRegionError("no shared memory here")
+
+    monkeypatch.setattr(transfer, "SharedHostRegion", NoRegion)
+    cfg = offloading_config(wkb=64, world=2, replicated_layout=True)
+    t = torch.zeros((4, 64), dtype=torch.int8)
+    kv = base.CanonicalKVCaches(
+        [base.CanonicalKVCacheTensor(t, 64)], [[base.CanonicalKVCacheRef(0, 64)]]
+    )
+    with pytest.raises(transfer.SharedRegionError, match="no shared memory"):
+        bridge.JaxOffloadingSpec(cfg).get_worker(kv)
 
 
 @pytest.mark.parametrize("budget", [None, 0])
@@ -221,7 +271,10 @@ def test_a_store_then_load_through_vllms_interfaces_reproduces_the_bytes():
     manager.complete_load(keys, ctx)
     for t, b in zip(ts[:2], before[:2]):
         assert torch.equal(t[[9, 10, 11]], b[[2, 3, 4]])
-    assert torch.equal(ts[2][[0, 6]], before[2][[6, 7]])
+    # Only the 40 unpadded bytes of the MLA-like page move (vLLM's byte contract): the
+    # padding of the loaded blocks keeps its zeros.
+    assert torch.equal(ts[2][[0, 6], :40], before[2][[6, 7], :40])
+    assert not ts[2][[0, 6], 40:].any()
     untouched = [i for i in range(12) if i not in (0, 6)]
     assert not ts[2][untouched].any() and not ts[0][:9].any()
     worker.shutdown()

@@ -129,7 +129,8 @@ def test_plan_matches_the_naive_relayout(form, tp, total, rank, slots_kind):
     np.testing.assert_array_equal(out, out_ref)
 
 
-def test_a_padded_page_stores_the_mapped_bytes_and_loads_zero_padding():
+def test_a_padded_page_stores_the_mapped_bytes_and_loads_leave_the_padding_alone():
+    # vLLM's worker moves only the unpadded page: a load writes no byte of the padding.
     ((m, _, _),), _, _ = rank_layers("split-nhd", 2, 4, 1, num_layers=1)
     plan = plan_for_padded_page(m, m.local_page_size_bytes + 24)
     data = np.full((3, m.local_page_size_bytes + 24), 7, dtype=np.uint8)
@@ -139,7 +140,7 @@ def test_a_padded_page_stores_the_mapped_bytes_and_loads_zero_padding():
     out = np.full_like(data, 9)
     plan.load(canonical, np.array([0, 1, 2]), out)
     assert (out[:, : m.local_page_size_bytes] == 7).all()
-    assert (out[:, m.local_page_size_bytes :] == 0).all()
+    assert (out[:, m.local_page_size_bytes :] == 9).all()
     with pytest.raises(TransferError, match="does not fit"):
         plan_for_padded_page(m, m.local_page_size_bytes - 1)
 
@@ -301,5 +302,7 @@ def test_pools_refuse_buffers_and_outputs_that_would_copy_or_cast():
     with pytest.raises(HostPoolError, match="contiguous, writable"):
         HostChunkPool(2, {0: 8}, 1, buffer=np.zeros(64, np.uint8)[::2])
     pool = HostChunkPool(2, {0: 8}, 1)
-    with pytest.raises(HostPoolError, match=r"out must be \[1, 8\] uint8"):
+    with pytest.raises(HostPoolError, match=r"out must be \[1, w\] uint8 with 0 < w <= 8"):
         pool.read_blocks(0, [0], 0, 1, np.zeros((1, 8), np.int16))
+    with pytest.raises(HostPoolError, match=r"out must be \[1, w\] uint8 with 0 < w <= 8"):
+        pool.read_blocks(0, [0], 0, 1, np.zeros((1, 9), np.uint8))  # wider than a slot
