@@ -236,7 +236,7 @@ def test_vllms_worker_runs_on_cpu_as_the_model_says(vllm_worker):
     if vllm_worker is None:
         pytest.skip("this vLLM's worker cannot be driven on CPU")
     # The harness itself: vLLM's worker (patched to CPU) and the numpy model agree on
-    # a padded page and a mid-chunk start (spec 5.5: bpc 3, block index 2).
+    # a padded page and a mid-chunk start (bpc 3, block index 2, as vLLM's gpu_worker.py allows).
     from tests.bridge.worker_twins import Case, TensorSpec
 
     case = Case(0, [100], 4, [TensorSpec(0, 4, 24, 20, torch.int8)], [[(0, 13)]], 3, 4)
