@@ -12,10 +12,11 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from jax_kvoffload.config._errors import KVOffloadValueError
 from jax_kvoffload.transfer._strided import copy_rows
 
 
-class HostPoolError(ValueError):
+class HostPoolError(KVOffloadValueError):
     """A chunk id or row is outside the pool."""
 
 

@@ -15,6 +15,7 @@ from jax_kvoffload.transfer import (
     HostChunkPool,
     TransferEngine,
     TransferError,
+    TransferStateError,
     bucket_sizes,
 )
 
@@ -142,7 +143,7 @@ def test_get_finished_never_blocks_and_reports_each_job_once():
         engine.wait([]) if seen else seen.extend(engine.wait([1]))
         assert [(r.job_id, r.direction, r.success) for r in seen] == [(1, Direction.STORE, True)]
         assert engine.get_finished() == []
-        with pytest.raises(TransferError, match="unknown or was already collected"):
+        with pytest.raises(TransferError, match="unknown or were already collected"):
             engine.wait([1])
 
 
@@ -216,7 +217,7 @@ def test_duplicate_load_ids_and_reused_job_ids_are_refused():
             engine.submit_store(1, [GroupTransfer(0, (3,), (1,))])
         engine.wait([1])
     engine.close()  # idempotent
-    with pytest.raises(TransferError, match="closed"):
+    with pytest.raises(TransferStateError, match="closed"):
         engine.submit_store(2, [GroupTransfer(0, (3,), (1,))])
 
 
