@@ -314,11 +314,11 @@ class KVOffloader:
 
     def close(self) -> list[TransferResult]:
         """Waits for the jobs in flight, stops the transfer threads, and returns the
-        results not yet reported. Idempotent (later calls return []); if interrupted
-        while waiting, call it again. After it only `caches()` and the queries work."""
+        results not yet reported. Idempotent (a later call returns what an interrupted
+        one could not, else []); if interrupted, call it again. After it only `caches()` and the queries work."""
         with self._guard:
-            if self._closed:
-                return []
+            if self._closed:  # normally []: what an interrupted close could not return
+                return self._take_ready(None)
             self._engine.join()  # blocks; may be interrupted, changes nothing
             with deferred_interrupts():
                 self._settle(self._engine.get_finished())

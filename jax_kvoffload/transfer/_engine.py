@@ -58,7 +58,6 @@ DISCARDED = "discarded by the caller before it completed"
 
 @dataclass
 class _Job:
-    key: Any  # the job id; a private key once hidden
     job_id: int
     direction: Direction
     future: Future
@@ -93,9 +92,10 @@ class TransferEngine:
     Contract: driven from one thread at a time (a second thread that calls in while
     another is inside gets `TransferStateError`). Every accepted job (a `submit_*` that
     returned) is reported exactly once, by `get_finished` or `wait`, also across
-    `close`. A `submit_*` that raises leaves no job behind: validation errors raise
-    before anything runs; an interrupt (any `BaseException`) while submitting cancels
-    the job, or, if its transfer already started, lets it end unreported.
+    `close`. A `submit_*` that raises has queued nothing (validation errors raise
+    before anything runs), except when an interrupt (any `BaseException`) arrives just
+    as the job is queued: then `knows(job_id)` says whether it was; a known job is
+    reported as usual (`discard` it if its result is unwanted).
 
     Args:
       caches: group id -> `GroupCaches`. The engine owns the arrays from now on: read
@@ -276,7 +276,7 @@ class TransferEngine:
 
     @property
     def in_flight(self) -> int:
-        """Jobs whose transfer or completion is outstanding (unreported ones included)."""
+        """Jobs whose transfer or completion is outstanding."""
         return len(self._pending)
 
     @property
@@ -371,7 +371,6 @@ class TransferEngine:
         future: Future = Future()
         job = _Job(
             job_id,
-            job_id,
             direction,
             future,
             time.perf_counter(),
@@ -384,28 +383,21 @@ class TransferEngine:
             try:
                 self._threads[direction].submit(_run, future, after, work)
             except BaseException as exc:
-                cancelled = future.cancel()
-                if cancelled and isinstance(exc, Exception):  # e.g. no thread could start
-                    future = job.future = Future()
-                    future.set_exception(exc)
-                    return
-                self._hide(job, cancelled)
-                raise
+                if not future.cancel():
+                    raise  # it runs already: it stays in flight and is reported (`knows`)
+                if not isinstance(exc, Exception):
+                    del self._pending[job_id]  # interrupted: nothing was queued
+                    raise
+                # e.g. no thread could start: the job is accepted and ends as failed
+                job.future = Future()
+                job.future.set_exception(exc)
 
     def _register_failed(self, job_id: int, direction: Direction, error: Exception, size: int):
         future: Future = Future()
         future.set_exception(error)
-        job = _Job(job_id, job_id, direction, future, time.perf_counter(), size, frozenset())
-        self._pending[job_id] = job
-
-    def _hide(self, job: _Job, cancelled: bool) -> None:
-        """Takes a job whose submit failed out of sight; one already running is still
-        completed (silently), so its rows stay fenced until it ends."""
-        del self._pending[job.key]
-        if not cancelled:
-            job.key = object()
-            job.discarded = True
-            self._pending[job.key] = job
+        self._pending[job_id] = _Job(
+            job_id, direction, future, time.perf_counter(), size, frozenset()
+        )
 
     # -- internals: the worker side ---------------------------------------------------
 
@@ -474,9 +466,8 @@ class TransferEngine:
             error=_describe(error),
         )
         with deferred_interrupts():
-            del self._pending[job.key]
-            if job.key == job.job_id:
-                self._done[job.job_id] = result
+            del self._pending[job.job_id]
+            self._done[job.job_id] = result
 
     def _scatter(self, job: _Job) -> Exception | None:
         try:

@@ -149,12 +149,12 @@ class Reports:
             self.results[r.job_id] = r
         return results
 
-    def check_exactly_once(self) -> None:
+    def check_exactly_once(self, context: str = "") -> None:
         lost = [j for j in self.issued if self.seen[j] == 0]
         twice = [j for j, n in self.seen.items() if n > 1]
         foreign = [j for j in self.seen if j not in self.issued]
         assert not lost and not twice and not foreign, (
-            f"lost {lost}, reported twice {twice}, never issued {foreign}"
+            f"lost {lost}, reported twice {twice}, never issued {foreign} {context}"
         )
 
 
