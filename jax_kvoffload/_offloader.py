@@ -43,7 +43,7 @@ from jax_kvoffload._offloader_checks import (
     check_hashes,
 )
 from jax_kvoffload.config import OffloadingConfig
-from jax_kvoffload.config._errors import KVOffloadStateError, KVOffloadTypeError
+from jax_kvoffload.config._errors import KVOffloadError, KVOffloadStateError, KVOffloadTypeError
 from jax_kvoffload.store import HostStore, LookupResult, cpu_tier_capacity, make_offload_key
 from jax_kvoffload.transfer import (
     Direction,
@@ -115,7 +115,7 @@ class KVOffloader:
                 f"blocks_per_chunk={self._bpc}: 'block_size': 0 in the extra config gives "
                 "chunks of no blocks; set 'blocks_per_chunk' >= 1"
             )
-        self._store = self._make_store(config, caches, cpu_bytes_to_use, eviction_policy)
+        self._store = _host_store(config, caches, cpu_bytes_to_use, eviction_policy)
         bytes_per_block = {g: gc.block_bytes for g, gc in caches.items()}
         self._pool = HostChunkPool(self._store.num_chunks, bytes_per_block, self._bpc)
         self._engine = TransferEngine(
@@ -128,38 +128,6 @@ class KVOffloader:
         self._ids = itertools.count(1)
         self._closed = False
         self.config = config
-
-    def _make_store(
-        self,
-        config: OffloadingConfig,
-        caches: dict[int, GroupCaches],
-        cpu_bytes_to_use: Any,
-        eviction_policy: str | None,
-    ) -> HostStore:
-        extra = config.extra_config
-        budget = cpu_bytes_to_use if cpu_bytes_to_use is not None else extra.get("cpu_bytes_to_use")
-        if budget is None:
-            raise OffloaderError(
-                "cpu_bytes_to_use is required: pass it or set it in kv_connector_extra_config"
-            )
-        # One chunk id addresses a row in every group, as vLLM's CPU tier sizes chunks
-        # for all offloaded groups together.
-        # Global (canonical) arrays hold every rank's bytes in this one process: one copy.
-        canonical = config.canonical_layout
-        capacity = cpu_tier_capacity(
-            budget,
-            worker_kv_bytes_per_block=sum(gc.block_bytes for gc in caches.values()),
-            blocks_per_chunk=self._bpc,
-            world_size=1 if canonical else config.parallel.world_size,
-            replicated_layout=False if canonical else config.replicated_layout,
-        )
-        if capacity.num_chunks < 1:
-            raise budget_error(budget, capacity.kv_bytes_per_chunk)
-        return HostStore(
-            capacity.num_chunks,
-            eviction_policy=eviction_policy or extra.get("eviction_policy", "lru"),
-            enable_events=config.enable_kv_cache_events,
-        )
 
     # -- queries ------------------------------------------------------------------
 
@@ -197,7 +165,7 @@ class KVOffloader:
             self._check_open()
             g = self._group(group)
             others = [a for h in self._groups if h != g for a in self._engine.arrays(h)]
-            if isinstance(arrays, (list, tuple)):
+            if isinstance(arrays, (list, tuple)) and all(isinstance(a, jax.Array) for a in arrays):
                 check_distinct([*others, *arrays], "set_caches (all groups)")
             self._engine.set_arrays(g, arrays)
 
@@ -315,7 +283,8 @@ class KVOffloader:
     def close(self) -> list[TransferResult]:
         """Waits for the jobs in flight, stops the transfer threads, and returns the
         results not yet reported. Idempotent (a later call returns what an interrupted
-        one could not, else []); if interrupted, call it again. After it only `caches()` and the queries work."""
+        one could not, else []); if interrupted, call it again. After it only `caches()`
+        and the queries work."""
         with self._guard:
             if self._closed:  # normally []: what an interrupted close could not return
                 return self._take_ready(None)
@@ -474,3 +443,41 @@ class KVOffloader:
             self._ready.clear()
             return out
         return [self._ready.pop(i) for i in ids]
+
+
+def _host_store(
+    config: OffloadingConfig,
+    caches: dict[int, GroupCaches],
+    cpu_bytes_to_use: Any,
+    eviction_policy: str | None,
+) -> HostStore:
+    """The store sized as vLLM's CPU tier: one chunk id addresses a row in every group."""
+    extra = config.extra_config
+    budget = cpu_bytes_to_use if cpu_bytes_to_use is not None else extra.get("cpu_bytes_to_use")
+    if budget is None:
+        raise OffloaderError(
+            "cpu_bytes_to_use is required: pass it or set it in kv_connector_extra_config"
+        )
+    # Global (canonical) arrays hold every rank's bytes in this one process: one copy.
+    canonical = config.canonical_layout
+    try:
+        capacity = cpu_tier_capacity(
+            budget,
+            worker_kv_bytes_per_block=sum(gc.block_bytes for gc in caches.values()),
+            blocks_per_chunk=config.cache.blocks_per_chunk,
+            world_size=1 if canonical else config.parallel.world_size,
+            replicated_layout=False if canonical else config.replicated_layout,
+        )
+        if capacity.num_chunks < 1:
+            raise budget_error(budget, capacity.kv_bytes_per_chunk)
+        return HostStore(
+            capacity.num_chunks,
+            eviction_policy=eviction_policy or extra.get("eviction_policy", "lru"),
+            enable_events=config.enable_kv_cache_events,
+        )
+    except KVOffloadError:
+        raise
+    except TypeError as e:  # the store's own checks: their message, our error root
+        raise KVOffloadTypeError(str(e)) from e
+    except ValueError as e:
+        raise OffloaderError(str(e)) from e

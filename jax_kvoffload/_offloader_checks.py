@@ -17,7 +17,7 @@ from jax_kvoffload.config._dtypes import as_dtype
 from jax_kvoffload.config._errors import KVOffloadTypeError, KVOffloadValueError
 from jax_kvoffload.transfer import GroupCaches, check_global_caches
 from jax_kvoffload.transfer._caches import check_distinct
-from jax_kvoffload.transfer._jobs import check_indices
+from jax_kvoffload.transfer._jobs import check_index, check_indices
 
 
 class OffloaderError(KVOffloadValueError):
@@ -126,16 +126,17 @@ def _check_tokens(g: int, gc: GroupCaches, tokens_per_block: int, dcp: int) -> N
         )
 
 
-def _check_canonical(caches: Mapping[int, GroupCaches], total_kv_heads: int | None) -> None:
+def _check_canonical(caches: Mapping[int, GroupCaches], total_kv_heads: object) -> None:
     if total_kv_heads is None:
         raise OffloaderError(
             "canonical_layout is set: pass total_kv_heads= (the model's KV heads) so the "
             "offloader can check that the caches are global arrays, whose pages are the "
             "canonical pages; or drop 'canonical_layout' from the extra config"
         )
+    heads = check_index("total_kv_heads", total_kv_heads)
     for g, gc in caches.items():
         try:
-            check_global_caches(gc, total_kv_heads)
+            check_global_caches(gc, heads)
         except KVOffloadValueError as e:
             raise OffloaderError(f"group {g}: {e}") from e
 

@@ -130,6 +130,8 @@ class TransferEngine:
         if max_staging_bytes < 1:
             raise TransferError(f"max_staging_bytes={max_staging_bytes} must be >= 1")
         _check_pool(pool)
+        if not isinstance(backend, str) or backend not in pk.BACKENDS:
+            raise TransferError(f"backend must be one of {pk.BACKENDS}, got {backend!r}")
         for g, gc in self._caches.items():
             want = pool.bytes_per_block.get(g)
             if want != gc.block_bytes:
