@@ -7,6 +7,7 @@ import hashlib
 import os
 import signal
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -209,6 +210,15 @@ class Injector:
     def disarm(self) -> None:
         self.at = 0
 
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """The test's own checks run uncounted and uninterrupted."""
+        at, self.at = self.at, 0
+        try:
+            yield
+        finally:
+            self.at = at
+
     def _wrap(self, name: str, real: Callable, main: threading.Thread) -> Callable:
         def wrapper(*args, **kwargs):
             if threading.current_thread() is not main or not self.at:
@@ -228,24 +238,34 @@ class Injector:
 
 
 class WorkerFaults:
-    """Makes the next `count` worker-thread calls to `targets` raise `error`."""
+    """Makes the next `count` worker-thread calls to `targets` raise `error`, or the next
+    `slow` ones sleep first (a slow host copy keeps jobs in flight across later steps)."""
 
     def __init__(self, monkeypatch, targets=WORKER_TARGETS) -> None:
         self.error: BaseException | None = None
         self.count = 0
+        self.slow = 0
+        self.delay = 0.0
         main = threading.main_thread()
         for owner, name in targets:
             real = getattr(owner, name)
             monkeypatch.setattr(owner, name, self._wrap(real, main))
 
-    def arm(self, error: BaseException, count: int = 1) -> None:
+    def arm(self, error: BaseException | None, count: int = 1) -> None:
         self.error, self.count = error, count
+
+    def slow_down(self, seconds: float, count: int = 1) -> None:
+        self.delay, self.slow = seconds, count
 
     def _wrap(self, real: Callable, main: threading.Thread) -> Callable:
         def wrapper(*args, **kwargs):
-            if threading.current_thread() is not main and self.count > 0:
-                self.count -= 1
-                raise self.error
+            if threading.current_thread() is not main:
+                if self.slow > 0:
+                    self.slow -= 1
+                    time.sleep(self.delay)
+                if self.count > 0:
+                    self.count -= 1
+                    raise self.error
             return real(*args, **kwargs)
 
         return wrapper
