@@ -245,8 +245,9 @@ class KVOffloader:
         """Results of jobs that ended since the last call; never blocks."""
         with self._guard:
             self._check_open()
-            with deferred_interrupts():
-                self._settle(self._engine.get_finished())
+            if self._unsettled or self._engine.has_finished():  # the common idle poll is cheap
+                with deferred_interrupts():
+                    self._settle(self._engine.get_finished())
             return self._take_ready(None)
 
     def wait(self, job_ids: Iterable[int | None] | None = None) -> list[TransferResult]:

@@ -42,7 +42,8 @@ def check_arrays(arrays: object, layout: pk.KVLayout, where: str) -> list[jax.Ar
                 " (move it to the device with jax.device_put)" if isinstance(a, np.ndarray) else ""
             )
             raise KVOffloadTypeError(
-                f"{where}: arrays[{i}] is a {type(a).__name__}, not a jax.Array{fix}"
+                f"{where}: arrays must be a list of jax.Array; arrays[{i}] is a "
+                f"{type(a).__name__}{fix}"
             )
         if a.is_deleted():
             raise TransferStateError(

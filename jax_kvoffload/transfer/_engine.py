@@ -235,6 +235,11 @@ class TransferEngine:
             self._done.clear()
             return out
 
+    def has_finished(self) -> bool:
+        """Whether `get_finished` would return anything now (cheap; never blocks)."""
+        with self._guard:
+            return bool(self._done) or any(j.future.done() for j in self._pending.values())
+
     def join(self, job_ids: Iterable[int] | None = None) -> None:
         """Blocks until the transfers of the given jobs (default: all) ended, without
         collecting them (`get_finished` / `wait` then return at once). Interruptible."""
