@@ -51,12 +51,13 @@ def deferred_interrupts() -> Iterator[None]:
 class SingleCaller:
     """Enter with `with guard:` at every public entry of an object driven by one thread.
 
-    A call from a second thread while the first is inside raises `error` (cheap: one
-    non-blocking lock acquire). The same thread may nest calls.
+    A call that arrives while another call is inside (from a second thread, or from a
+    signal handler that interrupted the first) raises `error` instead of running on
+    half-updated maps. Cheap: one non-blocking lock acquire per call.
     """
 
     def __init__(self, what: str, error: type[Exception]) -> None:
-        self._lock = threading.RLock()
+        self._lock = threading.Lock()
         self._what = what
         self._error = error
 
@@ -64,8 +65,9 @@ class SingleCaller:
         if not self._lock.acquire(blocking=False):
             raise self._error(
                 f"{self._what} was called from thread {threading.current_thread().name!r} "
-                "while another thread is inside it; it is driven from one thread at a time: "
-                "call it from the engine's thread, or serialise the calls with a lock"
+                "while another call is inside it (another thread, or a signal handler): it "
+                "is driven from one thread at a time; call it from the engine's thread, or "
+                "serialise the calls with a lock"
             )
 
     def __exit__(self, *exc: object) -> None:
