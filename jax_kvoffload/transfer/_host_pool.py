@@ -53,10 +53,16 @@ class HostChunkPool:
         # np.zeros maps zero pages lazily; prefault touches them now so that the first
         # stores do not pay page faults (worth it for long-running servers).
         if buffer is None:
-            self._rows = {
-                g: np.zeros((num_chunks, blocks_per_chunk * b), dtype=np.uint8)
-                for g, b in self.bytes_per_block.items()
-            }
+            try:
+                self._rows = {
+                    g: np.zeros((num_chunks, blocks_per_chunk * b), dtype=np.uint8)
+                    for g, b in self.bytes_per_block.items()
+                }
+            except ValueError:  # numpy: "Maximum allowed dimension exceeded"
+                need = self.nbytes_for(num_chunks, self.bytes_per_block, blocks_per_chunk)
+                raise HostPoolError(
+                    f"num_chunks={num_chunks} needs {need} bytes of host memory: lower it"
+                ) from None
         else:
             self._rows = self._carve(buffer)
         if prefault and buffer is None:  # never clear memory other processes share
