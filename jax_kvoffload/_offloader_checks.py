@@ -75,6 +75,8 @@ def check_caches(
 
 def _check_layers(g: int, gc: GroupCaches, layers: tuple[str, ...]) -> None:
     per_layer = 2 if gc.layout.kv_stacking is pk.KVStacking.SEPARATE else 1
+    if gc.layout.page_format is pk.PageFormat.RAW and len(gc.arrays) % len(layers) == 0:
+        return  # raw pages: a layer may keep several state arrays (e.g. Mamba conv + ssm)
     if len(gc.arrays) != per_layer * len(layers):
         how = "K, V per layer (KVStacking.SEPARATE)" if per_layer == 2 else "one per layer"
         raise OffloaderError(
