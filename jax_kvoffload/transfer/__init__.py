@@ -5,6 +5,7 @@ asynchronously over a `HostChunkPool`. See docs/architecture.md.
 """
 
 from jax_kvoffload.transfer._buckets import bucket_sizes as bucket_sizes
+from jax_kvoffload.transfer._caches import GroupCaches as GroupCaches
 from jax_kvoffload.transfer._canonical import CanonicalGroupPlan as CanonicalGroupPlan
 from jax_kvoffload.transfer._canonical import canonical_block_bytes as canonical_block_bytes
 from jax_kvoffload.transfer._canonical import group_layer_pages as group_layer_pages
@@ -14,7 +15,6 @@ from jax_kvoffload.transfer._canonical import plan_for_padded_page as plan_for_p
 from jax_kvoffload.transfer._canonical_global import check_global_caches as check_global_caches
 from jax_kvoffload.transfer._canonical_pool import CanonicalPoolView as CanonicalPoolView
 from jax_kvoffload.transfer._canonical_pool import plans_for_rank as plans_for_rank
-from jax_kvoffload.transfer._engine import GroupCaches as GroupCaches
 from jax_kvoffload.transfer._engine import TransferEngine as TransferEngine
 from jax_kvoffload.transfer._host_pool import HostChunkPool as HostChunkPool
 from jax_kvoffload.transfer._host_pool import HostPoolError as HostPoolError
@@ -22,6 +22,7 @@ from jax_kvoffload.transfer._jobs import Direction as Direction
 from jax_kvoffload.transfer._jobs import GroupTransfer as GroupTransfer
 from jax_kvoffload.transfer._jobs import TransferError as TransferError
 from jax_kvoffload.transfer._jobs import TransferResult as TransferResult
+from jax_kvoffload.transfer._jobs import TransferStateError as TransferStateError
 from jax_kvoffload.transfer._shared_region import SharedHostRegion as SharedHostRegion
 from jax_kvoffload.transfer._shared_region import SharedRegionError as SharedRegionError
 
@@ -38,6 +39,7 @@ __all__ = [
     "TransferEngine",
     "TransferError",
     "TransferResult",
+    "TransferStateError",
     "bucket_sizes",
     "canonical_block_bytes",
     "check_global_caches",

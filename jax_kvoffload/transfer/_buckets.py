@@ -8,13 +8,17 @@ bytes are moved twice.
 
 from __future__ import annotations
 
+from jax_kvoffload.transfer._jobs import TransferError, check_index
+
 
 def bucket_sizes(n: int, max_bucket: int) -> list[int]:
     """Sizes, largest first, that sum to `n`; each a power of two <= `max_bucket`."""
+    n, max_bucket = check_index("n", n), check_index("max_bucket", max_bucket)
     if n < 0:
-        raise ValueError(f"n must be >= 0, got {n}")
+        raise TransferError(f"n must be >= 0, got {n}")
     if max_bucket < 1 or max_bucket & (max_bucket - 1):
-        raise ValueError(f"max_bucket must be a power of two >= 1, got {max_bucket}")
+        fix = 1 << max(max_bucket, 1).bit_length() - 1
+        raise TransferError(f"max_bucket must be a power of two >= 1, got {max_bucket}; use {fix}")
     sizes = [max_bucket] * (n // max_bucket)
     rest = n % max_bucket
     bit = max_bucket

@@ -9,127 +9,93 @@ most log2(max_bucket) + 1 shapes per direction.
 Threads: kernels are dispatched, and caches replaced, only on the caller's thread (in
 `submit_*` and in `get_finished` / `wait`); one worker thread per direction waits for
 transfers and touches host memory, so submits return at once. Completion order within
-one direction is FIFO, like vLLM's handlers.
+one direction is FIFO, like vLLM's handlers. Across directions, a job never touches a
+host row that an earlier job of the other direction still reads or writes: it waits for
+that job first (after a reset, a new store may be handed the row an old load still
+reads). The life cycle, interrupts and the locking contract: docs/architecture.md.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from concurrent.futures import wait as wait_futures
+from dataclasses import dataclass, field
 from typing import Any
 
 import jax
 import numpy as np
 
 import pallas_kernels as pk
+from jax_kvoffload.config._errors import KVOffloadTypeError
 from jax_kvoffload.transfer._buckets import bucket_sizes
-from jax_kvoffload.transfer._host_pool import HostChunkPool
-from jax_kvoffload.transfer._jobs import Direction, GroupTransfer, TransferError, TransferResult
+from jax_kvoffload.transfer._caches import (
+    GroupCaches,
+    check_arrays,
+    check_group_caches,
+)
+from jax_kvoffload.transfer._checks import CheckedTransfer, check_job_ids, check_transfer
+from jax_kvoffload.transfer._interrupts import SingleCaller, deferred_interrupts
+from jax_kvoffload.transfer._jobs import (
+    Direction,
+    GroupTransfer,
+    TransferError,
+    TransferResult,
+    TransferStateError,
+    check_index,
+)
 from jax_kvoffload.transfer._sharded_io import distinct_shards, fetch_sharded
+from jax_kvoffload.transfer._staging import HostBuffers, bucket_for, host_sharding, replicated
+
+__all__ = ["GroupCaches", "TransferEngine"]
 
 logger = logging.getLogger(__name__)
 
-
-@dataclass
-class GroupCaches:
-    """A group's device KV arrays (one per layer, or K and V) and their `KVLayout`."""
-
-    arrays: list[jax.Array]
-    layout: pk.KVLayout
-
-    @property
-    def block_bytes(self) -> int:
-        """Bytes of one block across every array of the group (one staging entry)."""
-        first = self.arrays[0]
-        page = first.size // self.layout.num_blocks(tuple(first.shape)) * first.dtype.itemsize
-        return page * len(self.arrays)
-
-    @property
-    def num_blocks(self) -> int:
-        return self.layout.num_blocks(tuple(self.arrays[0].shape))
-
-
-def _host_sharding(staging: jax.Array) -> Any:
-    """The staging array's own sharding in pinned host memory (when the platform has it).
-
-    Derived from the staging array, not the caches: a cache's partition spec names the
-    cache's axes, which are not the staging's `[n, arrays, *page]` axes.
-    """
-    kinds = {m.kind for m in next(iter(staging.devices())).addressable_memories()}
-    for kind in ("pinned_host", "unpinned_host"):
-        if kind in kinds:
-            return staging.sharding.with_memory_kind(kind)
-    return None
-
-
-def _bucket_for(block_bytes: int, max_bucket: int, max_staging_bytes: int) -> int:
-    """The largest power of two <= max_bucket whose staging fits max_staging_bytes."""
-    bucket = max_bucket
-    while bucket > 1 and bucket * block_bytes > max_staging_bytes:
-        bucket //= 2
-    return bucket
-
-
-def _replicated(sharding: Any) -> Any:
-    """A sharding that places a whole staging array on every device of `sharding`."""
-    mesh = getattr(sharding, "mesh", None)
-    if mesh is None:
-        return sharding  # single device
-    return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-
-
-class _HostBuffers:
-    """Reused host staging buffers for loads, by shape, up to `limit` bytes kept free.
-
-    Fresh multi-MiB allocations spend most of their time in page faults (measured on
-    CPU: system time dominated the load path). A load holds one buffer per distinct shard
-    of each bucket until its scatter has read them, so the bound is in bytes (enough for
-    two jobs' staging), not in buffers per shape.
-    """
-
-    def __init__(self, limit: int) -> None:
-        self._free: dict[tuple[int, int], list[np.ndarray]] = {}
-        self._free_bytes = 0
-        self._limit = limit
-        self._lock = threading.Lock()
-
-    def take(self, shape: tuple[int, int]) -> np.ndarray:
-        with self._lock:
-            free = self._free.get(shape)
-            if free:
-                buffer = free.pop()
-                self._free_bytes -= buffer.nbytes
-                return buffer
-        # 64-byte aligned: XLA:CPU then adopts the buffer in device_put instead of
-        # copying it (an unaligned numpy buffer is copied: measured 1.5-2 GB/s).
-        raw = np.empty(shape[0] * shape[1] + 64, dtype=np.uint8)
-        offset = -raw.ctypes.data % 64
-        return raw[offset : offset + shape[0] * shape[1]].reshape(shape)
-
-    def give(self, buffer: np.ndarray) -> None:
-        with self._lock:
-            if self._free_bytes + buffer.nbytes <= self._limit:
-                self._free.setdefault(buffer.shape, []).append(buffer)
-                self._free_bytes += buffer.nbytes
+DISCARDED = "discarded by the caller before it completed"
 
 
 @dataclass
-class _Pending:
+class _Job:
     job_id: int
     direction: Direction
     future: Future
     started: float
     size_bytes: int
-    # loads: per piece (group, block ids, device staging, host buffer to give back)
-    pieces: list[tuple[int, np.ndarray, Any, list[np.ndarray]]] | None = None
+    chunks: frozenset[int]
+    # Loads: (group, block ids, device staging, host buffers to give back), filled by
+    # the worker, scattered in order on the caller's thread; `applied` survives an
+    # interrupt between two pieces, so the next completion resumes where it stopped.
+    pieces: list[tuple[int, np.ndarray, Any, list[np.ndarray]]] = field(default_factory=list)
+    applied: int = 0
+    discarded: bool = False
+
+
+def _run(future: Future, after: list[Future], work: Callable[[], None]) -> None:
+    """A job's worker part: waits for the earlier jobs that share its rows, then works."""
+    if not future.set_running_or_notify_cancel():
+        return  # cancelled before it started (its submit was interrupted)
+    try:
+        if after:
+            wait_futures(after)
+        work()
+    except BaseException as exc:  # every failure, even SystemExit, ends as a failed job
+        future.set_exception(exc)
+    else:
+        future.set_result(None)
 
 
 class TransferEngine:
     """Moves blocks between device caches and a `HostChunkPool`.
+
+    Contract: driven from one thread at a time (a second thread that calls in while
+    another is inside gets `TransferStateError`). Every accepted job (a `submit_*` that
+    returned) is reported exactly once, by `get_finished` or `wait`, also across
+    `close`. A `submit_*` that raises has queued nothing (validation errors raise
+    before anything runs), except when an interrupt (any `BaseException`) arrives just
+    as the job is queued: then `knows(job_id)` says whether it was; a known job is
+    reported as usual (`discard` it if its result is unwanted).
 
     Args:
       caches: group id -> `GroupCaches`. The engine owns the arrays from now on: read
@@ -146,7 +112,7 @@ class TransferEngine:
     def __init__(
         self,
         caches: Mapping[int, GroupCaches],
-        pool: HostChunkPool,
+        pool: Any,
         *,
         backend: str = "auto",
         interpret: Any = False,
@@ -154,8 +120,18 @@ class TransferEngine:
         max_bucket: int = 256,
         max_staging_bytes: int = 64 << 20,
     ) -> None:
-        bucket_sizes(0, max_bucket)  # validates max_bucket
-        self._caches = dict(caches)
+        self._caches = check_group_caches(caches, "TransferEngine")
+        max_bucket = check_index("max_bucket", max_bucket)
+        max_staging_bytes = check_index("max_staging_bytes", max_staging_bytes)
+        try:
+            bucket_sizes(0, max_bucket)
+        except ValueError as e:
+            raise TransferError(str(e)) from None
+        if max_staging_bytes < 1:
+            raise TransferError(f"max_staging_bytes={max_staging_bytes} must be >= 1")
+        _check_pool(pool)
+        if not isinstance(backend, str) or backend not in pk.BACKENDS:
+            raise TransferError(f"backend must be one of {pk.BACKENDS}, got {backend!r}")
         for g, gc in self._caches.items():
             want = pool.bytes_per_block.get(g)
             if want != gc.block_bytes:
@@ -166,116 +142,286 @@ class TransferEngine:
         self._pool = pool
         self._kernel_kw = {"backend": backend, "interpret": interpret, "config": config}
         self._bucket = {
-            g: _bucket_for(gc.block_bytes, max_bucket, max_staging_bytes)
+            g: bucket_for(gc.block_bytes, max_bucket, max_staging_bytes)
             for g, gc in self._caches.items()
         }
-        self._buffers = _HostBuffers(limit=2 * max_staging_bytes)
+        self._buffers = HostBuffers(limit=2 * max_staging_bytes)
         self._on_cpu = {
             g: next(iter(gc.arrays[0].devices())).platform == "cpu"
             for g, gc in self._caches.items()
         }
+        self._guard = SingleCaller("TransferEngine", TransferStateError)
         self._threads = {
             d: ThreadPoolExecutor(1, thread_name_prefix=f"kv-{d.value}") for d in Direction
         }
-        self._pending: dict[int, _Pending] = {}
-        self._done: dict[int, TransferResult] = {}
-        self._lock = threading.Lock()
+        self._pending: dict[Any, _Job] = {}  # in flight, by submission
+        self._done: dict[int, TransferResult] = {}  # ended, not yet collected
+        self._closing = False
         self._closed = False
 
     # -- public API -----------------------------------------------------------------
 
     def arrays(self, group: int) -> list[jax.Array]:
         """The group's current device arrays (replaced by every completed load)."""
-        return list(self._caches[group].arrays)
+        with self._guard:
+            return list(self._group(group).arrays)
 
     def set_arrays(self, group: int, arrays: Sequence[jax.Array]) -> None:
         """Replaces the group's device arrays (e.g. after the engine's own prefill wrote
         K/V). Same count, shapes and dtypes as now; call on the caller's thread, after
         reading back `arrays(group)` following any completed load."""
-        if group not in self._caches:
-            raise TransferError(f"unknown group {group}; groups are {sorted(self._caches)}")
-        if not isinstance(arrays, (list, tuple)):
-            raise TypeError(f"arrays must be a list of jax.Array, got {type(arrays).__name__}")
-        bad = sorted({type(a).__name__ for a in arrays if not isinstance(a, jax.Array)})
-        if bad:
-            raise TypeError(f"arrays must be a list of jax.Array, got elements of type {bad}")
-        gc = self._caches[group]
-        want = [(tuple(a.shape), a.dtype) for a in gc.arrays]
-        got = [(tuple(a.shape), a.dtype) for a in arrays]
-        if got != want:
-            raise TransferError(
-                f"group {group}: arrays must keep the shapes and dtypes of the current ones: "
-                f"{len(want)} x {want[0][0]} {want[0][1]}, got {len(got)} arrays "
-                f"{sorted({f'{shape} {dtype}' for shape, dtype in got})}"
-            )
-        gc.arrays = list(arrays)
+        with self._guard:
+            gc = self._group(group)
+            arrays = check_arrays(arrays, gc.layout, f"set_arrays(group={group})")
+            want = [(tuple(a.shape), a.dtype) for a in gc.arrays]
+            got = [(tuple(a.shape), a.dtype) for a in arrays]
+            if got != want:
+                raise TransferError(
+                    f"group {group}: arrays must keep the shapes and dtypes of the current "
+                    f"ones: {len(want)} x {want[0][0]} {want[0][1]}, got {len(got)} arrays "
+                    f"{sorted({f'{shape} {dtype}' for shape, dtype in got})}"
+                )
+            gc.arrays = arrays
 
     def submit_store(self, job_id: int, transfers: Sequence[GroupTransfer]) -> None:
         """Starts copying the blocks to their chunk rows; returns at once."""
-        self._check(job_id, transfers)
-        staged = []  # (group, transfer, first slot, host array)
-        size = sum(len(t.block_ids) * self._caches[t.group].block_bytes for t in transfers)
-        try:
-            for t in transfers:
-                gc = self._caches[t.group]
-                start = 0
-                for n in bucket_sizes(len(t.block_ids), self._bucket[t.group]):
-                    ids = np.asarray(t.block_ids[start : start + n], dtype=np.int32)
-                    staging = pk.gather_blocks(gc.arrays, ids, layout=gc.layout, **self._kernel_kw)
-                    # On CPU the device array already is host memory: numpy reads it in
-                    # place, and a device_put would only add a copy.
-                    sharding = None if self._on_cpu[t.group] else _host_sharding(staging)
-                    host = staging if sharding is None else jax.device_put(staging, sharding)
-                    staged.append((t.group, t, t.first_slot + start, host))
-                    start += n
-        except Exception as exc:  # e.g. device memory exhausted: the job fails, reported
-            self._enqueue_failed(job_id, Direction.STORE, exc, size)
-            return
-
-        def finish() -> None:
-            for group, t, first, host in staged:
-                shards = distinct_shards(host) if hasattr(self._pool, "move_shards") else None
-                if shards is not None:
-                    self._pool.move_shards(
-                        group, list(t.chunk_ids), first, host.shape, host.dtype, shards, store=True
-                    )
-                    continue
-                data = np.asarray(host)  # waits for the D2H copy
-                rows = data.reshape(data.shape[0], -1).view(np.uint8)
-                self._pool.write_blocks(group, list(t.chunk_ids), first, rows)
-
-        self._enqueue(job_id, Direction.STORE, finish, size)
+        with self._guard:
+            checked = self._check(job_id, transfers)
+            size = sum(len(t.block_ids) * self._caches[t.group].block_bytes for t in checked)
+            chunks = frozenset(c for t in checked for c in t.chunk_ids)
+            try:
+                staged = self._gather(checked)
+            except Exception as exc:  # e.g. device memory exhausted: the job fails, reported
+                self._register_failed(job_id, Direction.STORE, exc, size)
+                return
+            self._register(job_id, Direction.STORE, lambda: self._write(staged), size, chunks)
 
     def submit_load(self, job_id: int, transfers: Sequence[GroupTransfer]) -> None:
         """Starts copying chunk rows back into the blocks; caches change on completion."""
-        self._check(job_id, transfers, unique=True)
-        plan = []  # (group, ids, first slot, staging shape, dtype)
-        size = 0
+        with self._guard:
+            checked = self._check(job_id, transfers, unique=True)
+            plan = []  # (group, ids, transfer, first slot, staging shape)
+            size = 0
+            for t in checked:
+                gc = self._caches[t.group]
+                shape = (len(gc.arrays), *gc.layout.page_shape(tuple(gc.arrays[0].shape)))
+                start = 0
+                for n in bucket_sizes(len(t.block_ids), self._bucket[t.group]):
+                    ids = t.block_ids[start : start + n].astype(np.int32)
+                    plan.append((t.group, ids, t, t.first_slot + start, (n, *shape)))
+                    start += n
+                size += len(t.block_ids) * gc.block_bytes
+            chunks = frozenset(c for t in checked for c in t.chunk_ids)
+            pieces: list[tuple[int, np.ndarray, Any, list[np.ndarray]]] = []
+
+            def fetch() -> None:
+                for group, ids, t, first, shape in plan:
+                    staged, buffers = self._fetch(group, t, first, shape)
+                    if not self._on_cpu[group]:
+                        # A real H2D copy: the host buffers are free again.
+                        for b in buffers:
+                            self._buffers.give(b)
+                        buffers = []
+                    pieces.append((group, ids, staged, buffers))
+
+            self._register(job_id, Direction.LOAD, fetch, size, chunks, pieces)
+
+    def get_finished(self) -> list[TransferResult]:
+        """Results of the jobs that ended since the last call; never blocks."""
+        with self._guard:
+            for job in [j for j in self._pending.values() if j.future.done()]:
+                self._complete(job)
+            out = list(self._done.values())
+            self._done.clear()
+            return out
+
+    def has_finished(self) -> bool:
+        """Whether `get_finished` would return anything now (cheap; never blocks)."""
+        with self._guard:
+            return bool(self._done) or any(j.future.done() for j in self._pending.values())
+
+    def join(self, job_ids: Iterable[int] | None = None) -> None:
+        """Blocks until the transfers of the given jobs (default: all) ended, without
+        collecting them (`get_finished` / `wait` then return at once). Interruptible."""
+        with self._guard:
+            if job_ids is None:
+                futures = [j.future for j in self._pending.values()]
+            else:
+                ids = self._check_ids(job_ids)
+                futures = [self._pending[i].future for i in ids if i in self._pending]
+            wait_futures(futures)
+
+    def wait(self, job_ids: Iterable[int]) -> list[TransferResult]:
+        """Blocks until the given jobs end; returns their results (in the given order).
+
+        Every id must be a job that is in flight or ended uncollected, listed once;
+        otherwise `TransferError` is raised before anything is collected or waited for.
+        """
+        with self._guard:
+            ids = self._check_ids(job_ids)
+            wait_futures([self._pending[i].future for i in ids if i in self._pending])
+            for i in ids:
+                job = self._pending.get(i)
+                if job is not None:
+                    self._complete(job)
+            return [self._done.pop(i) for i in ids]
+
+    def knows(self, job_id: int) -> bool:
+        """Whether `job_id` is a job that will be (or can now be) reported."""
+        with self._guard:
+            return job_id in self._pending or job_id in self._done
+
+    def discard(self, job_id: int) -> None:
+        """Gives up a job in flight: it ends as failed, a load never writes its blocks,
+        and a store that has not started yet never runs. It is still reported once."""
+        with self._guard:
+            job = self._pending.get(check_index("job_id", job_id))
+            if job is None:
+                raise TransferError(f"job {job_id} is not in flight")
+            job.discarded = True
+            job.future.cancel()
+
+    @property
+    def in_flight(self) -> int:
+        """Jobs whose transfer or completion is outstanding."""
+        return len(self._pending)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        """Waits for every job in flight, completes it, then stops the worker threads.
+
+        Results of jobs that ended stay available to `get_finished` / `wait`.
+        Idempotent; if interrupted while waiting, call it again.
+        """
+        with self._guard:
+            if self._closed:
+                return
+            self._closing = True  # refuse new jobs from now on
+            wait_futures([j.future for j in self._pending.values()])
+            for job in list(self._pending.values()):
+                self._complete(job)
+            for pool in self._threads.values():
+                pool.shutdown(wait=True)
+            self._closed = True
+
+    def __enter__(self) -> TransferEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- internals: submitting --------------------------------------------------------
+
+    def _group(self, group: object) -> GroupCaches:
+        g = check_index("group", group)
+        if g not in self._caches:
+            raise TransferError(f"unknown group {g}; groups are {sorted(self._caches)}")
+        return self._caches[g]
+
+    def _check(
+        self, job_id: object, transfers: object, unique: bool = False
+    ) -> list[CheckedTransfer]:
+        if self._closing:
+            raise TransferStateError("the transfer engine is closed; build a new one")
+        job_id = check_index("job_id", job_id)
+        if job_id in self._pending or job_id in self._done:
+            raise TransferError(f"job id {job_id} is already in use")
+        if not isinstance(transfers, (list, tuple)):
+            raise KVOffloadTypeError(
+                f"transfers must be a list of GroupTransfer, got {type(transfers).__name__}"
+            )
+        return [self._check_transfer(i, t, unique) for i, t in enumerate(transfers)]
+
+    def _check_transfer(self, i: int, t: object, unique: bool) -> CheckedTransfer:
+        return check_transfer(i, t, self._caches, self._pool, unique)
+
+    def _check_ids(self, job_ids: object) -> list[int]:
+        return check_job_ids(job_ids, lambda i: i in self._pending or i in self._done)
+
+    def _gather(
+        self, transfers: list[CheckedTransfer]
+    ) -> list[tuple[int, CheckedTransfer, int, Any]]:
+        """Dispatches the gathers (and D2H copies) of a store, on the caller's thread."""
+        staged = []  # (group, transfer, first slot, host array)
         for t in transfers:
             gc = self._caches[t.group]
-            shape = (len(gc.arrays), *gc.layout.page_shape(tuple(gc.arrays[0].shape)))
             start = 0
             for n in bucket_sizes(len(t.block_ids), self._bucket[t.group]):
-                ids = np.asarray(t.block_ids[start : start + n], dtype=np.int32)
-                plan.append((t.group, ids, t, t.first_slot + start, (n, *shape)))
+                ids = t.block_ids[start : start + n].astype(np.int32)
+                staging = pk.gather_blocks(gc.arrays, ids, layout=gc.layout, **self._kernel_kw)
+                # On CPU the device array already is host memory: numpy reads it in
+                # place, and a device_put would only add a copy.
+                sharding = None if self._on_cpu[t.group] else host_sharding(staging)
+                host = staging if sharding is None else jax.device_put(staging, sharding)
+                staged.append((t.group, t, t.first_slot + start, host))
                 start += n
-            size += len(t.block_ids) * gc.block_bytes
-        pieces: list[tuple[int, np.ndarray, Any, list[np.ndarray]]] = []
+        return staged
 
-        def fetch() -> None:
-            for group, ids, t, first, shape in plan:
-                staged, buffers = self._fetch(group, t, first, shape)
-                if not self._on_cpu[group]:
-                    # A real H2D copy: the host buffers are free again.
-                    for b in buffers:
-                        self._buffers.give(b)
-                    buffers = []
-                pieces.append((group, ids, staged, buffers))
+    def _register(
+        self,
+        job_id: int,
+        direction: Direction,
+        work: Callable[[], None],
+        size: int,
+        chunks: frozenset[int],
+        pieces: list | None = None,
+    ) -> None:
+        """Queues a job's worker part; the job is registered iff this returns."""
+        after = [
+            j.future
+            for j in self._pending.values()
+            if j.direction is not direction and not chunks.isdisjoint(j.chunks)
+        ]
+        future: Future = Future()
+        job = _Job(
+            job_id,
+            direction,
+            future,
+            time.perf_counter(),
+            size,
+            chunks,
+            pieces if pieces is not None else [],
+        )
+        with deferred_interrupts():
+            self._pending[job_id] = job
+            try:
+                self._threads[direction].submit(_run, future, after, work)
+            except BaseException as exc:
+                if not future.cancel():
+                    raise  # it runs already: it stays in flight and is reported (`knows`)
+                if not isinstance(exc, Exception):
+                    del self._pending[job_id]  # interrupted: nothing was queued
+                    raise
+                # e.g. no thread could start: the job is accepted and ends as failed
+                job.future = Future()
+                job.future.set_exception(exc)
 
-        self._enqueue(job_id, Direction.LOAD, fetch, size, pieces)
+    def _register_failed(self, job_id: int, direction: Direction, error: Exception, size: int):
+        future: Future = Future()
+        future.set_exception(error)
+        self._pending[job_id] = _Job(
+            job_id, direction, future, time.perf_counter(), size, frozenset()
+        )
+
+    # -- internals: the worker side ---------------------------------------------------
+
+    def _write(self, staged: list[tuple[int, CheckedTransfer, int, Any]]) -> None:
+        for group, t, first, host in staged:
+            shards = distinct_shards(host) if hasattr(self._pool, "move_shards") else None
+            if shards is not None:
+                self._pool.move_shards(
+                    group, t.chunk_ids, first, host.shape, host.dtype, shards, store=True
+                )
+                continue
+            data = np.asarray(host)  # waits for the D2H copy
+            rows = data.reshape(data.shape[0], -1).view(np.uint8)
+            self._pool.write_blocks(group, t.chunk_ids, first, rows)
 
     def _fetch(
-        self, group: int, t: GroupTransfer, first: int, shape: tuple[int, ...]
+        self, group: int, t: CheckedTransfer, first: int, shape: tuple[int, ...]
     ) -> tuple[jax.Array, list[np.ndarray]]:
         """The staging of one load piece on the caches' devices, and its host buffers."""
         gc = self._caches[group]
@@ -284,126 +430,86 @@ class TransferEngine:
         # receives only its shard, read from the rows straight into its own buffer.
         sharding = pk.staging_sharding(gc.arrays, gc.layout)
         if sharding is not None and hasattr(self._pool, "move_shards"):
-            chunk_ids = list(t.chunk_ids)
 
             def read(shards):
-                self._pool.move_shards(group, chunk_ids, first, shape, dtype, shards, store=False)
+                self._pool.move_shards(group, t.chunk_ids, first, shape, dtype, shards, store=False)
 
             fetched = fetch_sharded(read, self._buffers.take, shape, dtype, sharding)
             if fetched is not None:
                 return fetched
         rows = self._buffers.take((shape[0], gc.block_bytes))
-        self._pool.read_blocks(group, list(t.chunk_ids), first, shape[0], rows)
+        self._pool.read_blocks(group, t.chunk_ids, first, shape[0], rows)
         host = rows.view(dtype).reshape(shape)
-        device = sharding or _replicated(gc.arrays[0].sharding)
+        device = sharding or replicated(gc.arrays[0].sharding)
         return jax.block_until_ready(jax.device_put(host, device)), [rows]
 
-    def get_finished(self) -> list[TransferResult]:
-        """Results of the jobs that ended since the last call; never blocks."""
-        with self._lock:
-            ready = [p for p in self._pending.values() if p.future.done()]
-        for p in ready:
-            self._complete(p)
-        return [self._done.pop(p.job_id) for p in ready]
+    # -- internals: completing (caller's thread) --------------------------------------
 
-    def wait(self, job_ids: Iterable[int]) -> list[TransferResult]:
-        """Blocks until the given jobs end; returns their results (in the given order)."""
-        out = []
-        for job_id in job_ids:
-            with self._lock:
-                pending = self._pending.get(job_id)
-            if pending is not None:
-                pending.future.exception()  # waits without raising
-                self._complete(pending)
-            if job_id not in self._done:
-                raise TransferError(f"job {job_id} is unknown or was already collected")
-            out.append(self._done.pop(job_id))
-        return out
+    def _complete(self, job: _Job) -> None:
+        """Ends a job whose worker part is done: scatters a load, records the result.
 
-    def close(self) -> None:
-        """Waits for running jobs, then stops the worker threads. Idempotent."""
-        if self._closed:
-            return
-        self._closed = True
-        for pool in self._threads.values():
-            pool.shutdown(wait=True)
-
-    def __enter__(self) -> TransferEngine:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    # -- internals ------------------------------------------------------------------
-
-    def _check(self, job_id: int, transfers: Sequence[GroupTransfer], unique: bool = False) -> None:
-        if self._closed:
-            raise TransferError("the transfer engine is closed")
-        with self._lock:
-            if job_id in self._pending or job_id in self._done:
-                raise TransferError(f"job id {job_id} is already in use")
-        bpc = self._pool.blocks_per_chunk
-        for t in transfers:
-            if t.group not in self._caches:
-                raise TransferError(f"unknown group {t.group}; groups are {sorted(self._caches)}")
-            slots = t.first_slot + len(t.block_ids)
-            if t.first_slot < 0 or (t.first_slot >= bpc and t.block_ids):
-                raise TransferError(f"first_slot={t.first_slot} must be in [0, {bpc})")
-            if len(t.chunk_ids) * bpc < slots:
-                raise TransferError(
-                    f"group {t.group}: {len(t.block_ids)} blocks from slot {t.first_slot} need "
-                    f"{-(-slots // bpc)} chunks, got {len(t.chunk_ids)}"
-                )
-            self._pool.check_chunks(list(t.chunk_ids))
-            ids = np.asarray(t.block_ids, dtype=np.int64)
-            nb = self._caches[t.group].num_blocks
-            if ids.size and (ids.min() < 0 or ids.max() >= nb):
-                raise TransferError(f"group {t.group}: block ids must be in [0, {nb})")
-            if unique and len(set(t.block_ids)) != len(t.block_ids):
-                raise TransferError(f"group {t.group}: a load's block ids must be unique")
-
-    def _enqueue_failed(self, job_id, direction, error, size) -> None:
-        future: Future = Future()
-        future.set_exception(error)
-        with self._lock:
-            self._pending[job_id] = _Pending(job_id, direction, future, time.perf_counter(), size)
-
-    def _enqueue(self, job_id, direction, fn, size, pieces=None) -> None:
-        future = self._threads[direction].submit(fn)
-        with self._lock:
-            self._pending[job_id] = _Pending(
-                job_id, direction, future, time.perf_counter(), size, pieces
+        An interrupt inside a scatter leaves the job in flight with its progress kept;
+        the next completion resumes it. Other failures end the job as failed.
+        """
+        error: BaseException | str | None
+        if job.discarded:
+            error = DISCARDED
+        elif job.future.cancelled():
+            error = "cancelled before it started"
+        else:
+            error = job.future.exception()
+        if error is None and job.direction is Direction.LOAD:
+            error = self._scatter(job)
+        if error is not None and not job.discarded:
+            logger.warning(
+                "transfer job %d (%s) failed: %r", job.job_id, job.direction.value, error
             )
+        result = TransferResult(
+            job_id=job.job_id,
+            direction=job.direction,
+            success=error is None,
+            size_bytes=job.size_bytes,
+            seconds=time.perf_counter() - job.started,
+            error=_describe(error),
+        )
+        with deferred_interrupts():
+            del self._pending[job.job_id]
+            self._done[job.job_id] = result
 
-    def _complete(self, p: _Pending) -> TransferResult:
-        with self._lock:
-            if self._pending.pop(p.job_id, None) is None:
-                return self._done[p.job_id]
-        error = p.future.exception()
-        if error is None and p.direction is Direction.LOAD:
-            try:
-                for group, ids, staging, buffers in p.pieces:
-                    gc = self._caches[group]
+    def _scatter(self, job: _Job) -> Exception | None:
+        try:
+            while job.applied < len(job.pieces):
+                group, ids, staging, buffers = job.pieces[job.applied]
+                gc = self._caches[group]
+                # The scatter donates the old arrays: its result must be kept whatever
+                # arrives in between, or the group's caches are gone.
+                with deferred_interrupts():
                     gc.arrays = pk.scatter_blocks(
                         gc.arrays, ids, staging, layout=gc.layout, **self._kernel_kw
                     )
-                    if buffers:
-                        # On CPU the staging aliased the buffers (zero-copy device_put):
-                        # reuse them only once the scatter has read them.
-                        jax.block_until_ready(gc.arrays)
-                        for b in buffers:
-                            self._buffers.give(b)
-            except Exception as exc:  # reported as a failed job, never dropped
-                error = exc
-        if error is not None:
-            logger.warning("transfer job %d (%s) failed: %r", p.job_id, p.direction.value, error)
-        result = TransferResult(
-            job_id=p.job_id,
-            direction=p.direction,
-            success=error is None,
-            size_bytes=p.size_bytes,
-            seconds=time.perf_counter() - p.started,
-            error=None if error is None else f"{type(error).__name__}: {error}",
+                    job.applied += 1
+                if buffers:
+                    # On CPU the staging aliased the buffers (zero-copy device_put):
+                    # reuse them only once the scatter has read them.
+                    jax.block_until_ready(gc.arrays)
+                    for b in buffers:
+                        self._buffers.give(b)
+        except Exception as exc:  # reported as a failed job, never dropped
+            return exc
+        return None
+
+
+def _describe(error: BaseException | str | None) -> str | None:
+    if error is None or isinstance(error, str):
+        return error
+    return f"{type(error).__name__}: {error}"
+
+
+def _check_pool(pool: object) -> None:
+    bpb = getattr(pool, "bytes_per_block", None)
+    bpc = getattr(pool, "blocks_per_chunk", None)
+    if not isinstance(bpb, Mapping) or not isinstance(bpc, int) or bpc < 1:
+        raise KVOffloadTypeError(
+            f"pool must be a HostChunkPool (or a view with the same interface), got "
+            f"{type(pool).__name__}"
         )
-        self._done[p.job_id] = result
-        return result

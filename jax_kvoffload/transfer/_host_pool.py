@@ -12,7 +12,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from jax_kvoffload.errors import KVOffloadValueError
+from jax_kvoffload.errors import KVOffloadTypeError, KVOffloadValueError
+from jax_kvoffload.transfer._jobs import check_index, check_indices
 from jax_kvoffload.transfer._strided import copy_rows
 
 
@@ -40,20 +41,28 @@ class HostChunkPool:
         prefault: bool = False,
         buffer: np.ndarray | None = None,
     ) -> None:
+        num_chunks = check_index("num_chunks", num_chunks)
+        blocks_per_chunk = check_index("blocks_per_chunk", blocks_per_chunk)
         if num_chunks < 0:
             raise HostPoolError(f"num_chunks must be >= 0, got {num_chunks}")
         if blocks_per_chunk < 1:
             raise HostPoolError(f"blocks_per_chunk must be >= 1, got {blocks_per_chunk}")
         self.num_chunks = num_chunks
         self.blocks_per_chunk = blocks_per_chunk
-        self.bytes_per_block = dict(bytes_per_block)
+        self.bytes_per_block = _check_widths(bytes_per_block)
         # np.zeros maps zero pages lazily; prefault touches them now so that the first
         # stores do not pay page faults (worth it for long-running servers).
         if buffer is None:
-            self._rows = {
-                g: np.zeros((num_chunks, blocks_per_chunk * b), dtype=np.uint8)
-                for g, b in self.bytes_per_block.items()
-            }
+            try:
+                self._rows = {
+                    g: np.zeros((num_chunks, blocks_per_chunk * b), dtype=np.uint8)
+                    for g, b in self.bytes_per_block.items()
+                }
+            except ValueError:  # numpy: "Maximum allowed dimension exceeded"
+                need = self.nbytes_for(num_chunks, self.bytes_per_block, blocks_per_chunk)
+                raise HostPoolError(
+                    f"num_chunks={num_chunks} needs {need} bytes of host memory: lower it"
+                ) from None
         else:
             self._rows = self._carve(buffer)
         if prefault and buffer is None:  # never clear memory other processes share
@@ -90,14 +99,15 @@ class HostChunkPool:
     def rows(self, group: int) -> np.ndarray:
         """The `[num_chunks, row_bytes]` array of a group (a view, not a copy)."""
         try:
-            return self._rows[group]
+            return self._rows[check_index("group", group)]
         except KeyError:
             raise HostPoolError(
                 f"group {group} has no host rows; groups are {sorted(self._rows)}"
             ) from None
 
     def check_chunks(self, chunk_ids: list[int]) -> None:
-        bad = [c for c in chunk_ids if not 0 <= c < self.num_chunks]
+        ids = check_indices("chunk_ids", chunk_ids)
+        bad = ids[(ids < 0) | (ids >= self.num_chunks)].tolist()
         if bad:
             raise HostPoolError(f"chunk ids {bad[:8]} are outside [0, {self.num_chunks})")
 
@@ -176,3 +186,18 @@ class HostChunkPool:
         slots = self.slots(chunk_ids, first, n_blocks)
         copy_rows(out, np.arange(n_blocks), src, slots, 1)
         return out
+
+
+def _check_widths(bytes_per_block: object) -> dict[int, int]:
+    if not isinstance(bytes_per_block, Mapping):
+        raise KVOffloadTypeError(
+            f"bytes_per_block must be a mapping group id -> bytes, got "
+            f"{type(bytes_per_block).__name__}"
+        )
+    out = {}
+    for g, b in bytes_per_block.items():
+        width = check_index(f"bytes_per_block[{g!r}]", b)
+        if width < 1:
+            raise HostPoolError(f"bytes_per_block[{g!r}]={width} must be >= 1")
+        out[check_index("group id", g)] = width
+    return out

@@ -15,6 +15,7 @@ from jax_kvoffload.transfer import (
     HostChunkPool,
     TransferEngine,
     TransferError,
+    TransferStateError,
     bucket_sizes,
 )
 
@@ -142,7 +143,7 @@ def test_get_finished_never_blocks_and_reports_each_job_once():
         engine.wait([]) if seen else seen.extend(engine.wait([1]))
         assert [(r.job_id, r.direction, r.success) for r in seen] == [(1, Direction.STORE, True)]
         assert engine.get_finished() == []
-        with pytest.raises(TransferError, match="unknown or was already collected"):
+        with pytest.raises(TransferError, match="unknown or were already collected"):
             engine.wait([1])
 
 
@@ -216,7 +217,7 @@ def test_duplicate_load_ids_and_reused_job_ids_are_refused():
             engine.submit_store(1, [GroupTransfer(0, (3,), (1,))])
         engine.wait([1])
     engine.close()  # idempotent
-    with pytest.raises(TransferError, match="closed"):
+    with pytest.raises(TransferStateError, match="closed"):
         engine.submit_store(2, [GroupTransfer(0, (3,), (1,))])
 
 
@@ -225,3 +226,31 @@ def test_pool_must_match_the_caches():
     gc = GroupCaches(random_arrays(shape, jnp.uint16, 2), layout)
     with pytest.raises(TransferError, match="bytes per block"):
         TransferEngine({0: gc}, HostChunkPool(4, {0: gc.block_bytes + 1}, 1))
+
+
+def test_a_discarded_load_is_reported_failed_and_never_writes():
+    layout, shape = LAYOUTS["nhd"]
+    engine, before = make_engine(layout, shape, jnp.uint16)
+    with engine:
+        engine.submit_store(1, [GroupTransfer(0, (1, 2), (0,))])
+        engine.wait([1])
+        engine.submit_load(2, [GroupTransfer(0, (5, 6), (0,))])
+        assert engine.knows(2) and not engine.knows(3)
+        engine.discard(2)
+        engine.join()
+        assert engine.has_finished()
+        (result,) = engine.get_finished()
+        assert not engine.has_finished()
+        after = [np.asarray(a) for a in engine.arrays(0)]
+    assert result.job_id == 2 and not result.success and "discarded" in result.error
+    for layer in range(2):
+        np.testing.assert_array_equal(after[layer], before[layer])
+
+
+def test_results_outlive_close():
+    layout, shape = LAYOUTS["nhd"]
+    engine, _ = make_engine(layout, shape, jnp.uint16)
+    engine.submit_store(1, [GroupTransfer(0, (1, 2), (0,))])
+    engine.close()  # waits for the job and completes it
+    assert engine.closed and engine.in_flight == 0
+    assert [r.job_id for r in engine.get_finished()] == [1]

@@ -1,0 +1,93 @@
+"""Checks on the arguments of `TransferEngine` calls: transfers and job ids.
+
+They run before anything is queued, so a refused call leaves no job behind.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from jax_kvoffload.config._errors import KVOffloadTypeError
+from jax_kvoffload.transfer._caches import GroupCaches
+from jax_kvoffload.transfer._jobs import (
+    GroupTransfer,
+    TransferError,
+    TransferStateError,
+    check_index,
+    check_indices,
+)
+
+
+@dataclass(frozen=True)
+class CheckedTransfer:
+    """A `GroupTransfer` whose ids passed `check_transfer`."""
+
+    group: int
+    block_ids: np.ndarray  # int64
+    chunk_ids: list[int]
+    first_slot: int
+
+
+def check_transfer(
+    i: int, t: object, caches: Mapping[int, GroupCaches], pool: Any, unique: bool
+) -> CheckedTransfer:
+    """`transfers[i]` checked against the caches and the pool (ids in range, ints only;
+    a load's block ids unique)."""
+    if not isinstance(t, GroupTransfer):
+        raise KVOffloadTypeError(f"transfers[{i}] must be a GroupTransfer, got {t!r}")
+    group = check_index(f"transfers[{i}].group", t.group)
+    if group not in caches:
+        raise TransferError(f"unknown group {group}; groups are {sorted(caches)}")
+    gc = caches[group]
+    ids = check_indices(f"transfers[{i}].block_ids", t.block_ids)
+    chunk_ids = check_indices(f"transfers[{i}].chunk_ids", t.chunk_ids)
+    first = check_index(f"transfers[{i}].first_slot", t.first_slot)
+    bpc = pool.blocks_per_chunk
+    slots = first + len(ids)
+    if first < 0 or (first >= bpc and len(ids)):
+        raise TransferError(f"first_slot={first} must be in [0, {bpc})")
+    if len(chunk_ids) * bpc < slots:
+        raise TransferError(
+            f"group {group}: {len(ids)} blocks from slot {first} need "
+            f"{-(-slots // bpc)} chunks, got {len(chunk_ids)}"
+        )
+    bad = chunk_ids[(chunk_ids < 0) | (chunk_ids >= pool.num_chunks)]
+    if bad.size:
+        raise TransferError(f"chunk ids {bad[:8].tolist()} are outside [0, {pool.num_chunks})")
+    nb = gc.num_blocks
+    if ids.size and (ids.min() < 0 or ids.max() >= nb):
+        bad = ids[(ids < 0) | (ids >= nb)]
+        raise TransferError(
+            f"group {group}: block ids must be in [0, {nb}), got {bad[:8].tolist()}"
+        )
+    if unique and np.unique(ids).size != ids.size:
+        raise TransferError(f"group {group}: a load's block ids must be unique")
+    if any(a.is_deleted() for a in gc.arrays):
+        raise TransferStateError(
+            f"group {group}: the cache arrays were deleted (donated elsewhere, or lost "
+            "with a failed scatter); hand live arrays over with set_arrays"
+        )
+    return CheckedTransfer(group, ids, chunk_ids.tolist(), first)
+
+
+def check_job_ids(job_ids: object, known: Callable[[int], bool]) -> list[int]:
+    """`job_ids` as a list after checking that each is known and listed once."""
+    if isinstance(job_ids, (str, bytes)) or not isinstance(job_ids, Iterable):
+        raise KVOffloadTypeError(
+            f"job_ids must be an iterable of ints, got {type(job_ids).__name__}"
+        )
+    ids = [check_index("job id", j) for j in job_ids]
+    dup = sorted(i for i, n in Counter(ids).items() if n > 1)
+    unknown = [i for i in ids if not known(i)]
+    if dup or unknown:
+        what = "unknown or were already collected" if unknown else "listed twice"
+        raise TransferError(
+            f"job ids {unknown or dup} are {what}; nothing was collected: pass each job "
+            "in flight once"
+        )
+    return ids

@@ -1,0 +1,74 @@
+"""Keeping bookkeeping whole under Ctrl-C, and refusing calls from a second thread.
+
+`deferred_interrupts()` holds back SIGINT for a few lines that must happen together
+(a donated scatter and the assignment of its result; a result taken from the engine and
+recorded in the store). CPython raises `KeyboardInterrupt` between any two bytecodes of
+the main thread: right after a donating jit call returns, the old cache buffers are
+already deleted and the new ones would be lost with the frame. The signal is delivered
+again (to whatever handler was installed) as soon as the block ends, so Ctrl-C still
+interrupts the caller, one consistent step later. Blocking waits never run inside such
+a block: they stay interruptible.
+
+`SingleCaller` makes the objects that are driven from one thread say so when a second
+thread calls in while the first is still inside (instead of corrupting their maps).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+from collections.abc import Iterator
+
+_state = threading.local()
+
+
+@contextlib.contextmanager
+def deferred_interrupts() -> Iterator[None]:
+    """Holds SIGINT until the block ends (main thread only; nested blocks are free)."""
+    # Python runs signal handlers on the main thread only: other threads need nothing.
+    if getattr(_state, "deferring", False) or threading.current_thread() is not (
+        threading.main_thread()
+    ):
+        yield
+        return
+    previous = signal.getsignal(signal.SIGINT)
+    if previous is None:  # installed outside Python: it could not be put back
+        yield
+        return
+    received: list[int] = []
+    signal.signal(signal.SIGINT, lambda signum, frame: received.append(signum))
+    _state.deferring = True
+    try:
+        yield
+    finally:
+        _state.deferring = False
+        signal.signal(signal.SIGINT, previous)
+        if received:
+            signal.raise_signal(signal.SIGINT)  # now delivered to the original handler
+
+
+class SingleCaller:
+    """Enter with `with guard:` at every public entry of an object driven by one thread.
+
+    A call that arrives while another call is inside (from a second thread, or from a
+    signal handler that interrupted the first) raises `error` instead of running on
+    half-updated maps. Cheap: one non-blocking lock acquire per call.
+    """
+
+    def __init__(self, what: str, error: type[Exception]) -> None:
+        self._lock = threading.Lock()
+        self._what = what
+        self._error = error
+
+    def __enter__(self) -> None:
+        if not self._lock.acquire(blocking=False):
+            raise self._error(
+                f"{self._what} was called from thread {threading.current_thread().name!r} "
+                "while another call is inside it (another thread, or a signal handler): it "
+                "is driven from one thread at a time; call it from the engine's thread, or "
+                "serialise the calls with a lock"
+            )
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock.release()
