@@ -116,7 +116,7 @@ def test_bad_files_give_one_clear_line_and_exit_2(capsys, tmp_path, data, messag
 def test_missing_file(capsys, tmp_path):
     code, _, err = run(capsys, "config", "explain", str(tmp_path / "absent.json"))
     assert code == 2
-    assert "no such file" in err
+    assert "No such file or directory" in err
 
 
 def test_module_entry_point_runs():

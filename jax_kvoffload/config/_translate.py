@@ -10,6 +10,7 @@ Inputs are read by attribute only, with vLLM's attribute names: this module's ow
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -28,11 +29,14 @@ from jax_kvoffload.config._boundary import (
 from jax_kvoffload.config._errors import (
     ChunkMultipleError,
     ChunkSizeError,
+    ChunkSizeOverflowError,
+    ConfigTypeError,
     MissingTransferConfigError,
     NoEligibleGroupsError,
     NonUniformBlockSizeError,
     TokensPerHashError,
     WindowSpecError,
+    ZeroChunkSizeError,
 )
 from jax_kvoffload.config._gates import (
     Verdict,
@@ -54,6 +58,7 @@ from jax_kvoffload.config._specs import (
     iter_layer_specs,
     round_up,
 )
+from jax_kvoffload.config._validate import show
 
 
 def cdiv(a: int, b: int) -> int:
@@ -101,11 +106,13 @@ def get_sliding_window_size_in_chunks(spec: KVCacheSpec, tokens_per_chunk: int) 
 
 
 def _check_chunk_tokens(tokens_per_chunk: int) -> None:
-    # vLLM divides by zero here after `block_size: 0`; say what happened instead.
-    if tokens_per_chunk <= 0:
-        raise ChunkSizeError(
-            f"a window group needs a positive chunk size, got {tokens_per_chunk} tokens "
-            "per chunk (from 'block_size': 0 in kv_connector_extra_config)"
+    # vLLM divides by zero here after `block_size: 0`; say what happened instead (still a
+    # ZeroDivisionError, so code that caught vLLM's keeps working).
+    if tokens_per_chunk == 0:
+        raise ZeroChunkSizeError(
+            "a sliding-window or chunked-local group needs a positive chunk size, got 0 "
+            "tokens per chunk (from 'block_size': 0 in kv_connector_extra_config); set "
+            "'block_size' to a positive multiple of the GPU block size"
         )
 
 
@@ -119,13 +126,30 @@ def group_kv_bytes_per_block(group: Any) -> int:
 
 
 def _parse_int(extra: Mapping[str, Any], key: str) -> int:
+    """`int(extra[key])` as vLLM computes it, with errors in the families `int()` raises:
+    TypeError for a list or dict, ValueError for an unparsable string, OverflowError for
+    an infinite float. Non-integral floats, which `int()` truncates, are refused."""
     value = extra[key]
+    field = f"kv_connector_extra_config[{key!r}]"
+    fix = f"set it to a positive integer, e.g. {{{key!r}: 4}}"
+    finite = isinstance(value, float) and math.isfinite(value)
+    if finite and not value.is_integer():
+        raise ChunkSizeError(
+            f"{field}={value!r} is not a whole number (vLLM would truncate it to "
+            f"{int(value)}); {fix}"
+        )
     try:
         return int(value)
-    except (TypeError, ValueError):
-        raise ChunkSizeError(
-            f"'{key}'={value!r} in kv_connector_extra_config is not an integer"
+    except TypeError:
+        raise ConfigTypeError(
+            field,
+            f"must be an integer or a string of one, got {type(value).__name__} "
+            f"{show(value)}; {fix}",
         ) from None
+    except OverflowError:
+        raise ChunkSizeOverflowError(f"{field}={value!r} is not a finite number; {fix}") from None
+    except ValueError:
+        raise ChunkSizeError(f"{field}={show(value)} is not an integer; {fix}") from None
 
 
 def _blocks_per_chunk(extra: Mapping[str, Any], groups: tuple[OffloadingGroupConfig, ...]) -> int:
@@ -158,7 +182,7 @@ def _blocks_per_chunk(extra: Mapping[str, Any], groups: tuple[OffloadingGroupCon
             raise ChunkSizeError(
                 f"'block_size' must be >= 0 in kv_connector_extra_config. Got "
                 f"{tokens_per_chunk}, which would give {tokens_per_chunk // tokens_per_block} "
-                "blocks per chunk."
+                f"blocks per chunk; use a positive multiple of {tokens_per_block}."
             )
         return tokens_per_chunk // tokens_per_block
     return 1
