@@ -269,6 +269,7 @@ def offloading_config_from_vllm(vllm_config: Any, kv_cache_config: Any) -> Offlo
             "kv_transfer_config is required for offloading; set one with "
             "kv_connector='OffloadingConnector'"
         )
+    transfer.kv_connector_extra_config  # noqa: B018 -- read before the id, as vLLM does
     if transfer.engine_id is None:
         raise MissingTransferConfigError(
             "kv_transfer_config.engine_id must be set (vLLM fills in a uuid when it is None)"

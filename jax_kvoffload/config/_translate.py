@@ -152,7 +152,7 @@ def _parse_int(extra: Mapping[str, Any], key: str) -> int:
         raise ChunkSizeError(f"{field}={show(value)} is not an integer; {fix}") from None
 
 
-def _blocks_per_chunk(extra: Mapping[str, Any], groups: tuple[OffloadingGroupConfig, ...]) -> int:
+def _blocks_per_chunk(extra: Mapping[str, Any], tokens_per_block: list[int]) -> int:
     if extra.get("blocks_per_chunk") is not None and extra.get("block_size") is not None:
         raise ChunkSizeError(
             "Specify only one of 'block_size' or 'blocks_per_chunk' in kv_connector_extra_config."
@@ -166,25 +166,30 @@ def _blocks_per_chunk(extra: Mapping[str, Any], groups: tuple[OffloadingGroupCon
         return blocks_per_chunk
     if extra.get("block_size") is not None:
         tokens_per_chunk = _parse_int(extra, "block_size")
-        sizes = tuple(g.tokens_per_block for g in groups)
+        sizes = tuple(tokens_per_block)
         if len(set(sizes)) != 1:
             raise NonUniformBlockSizeError(sizes)
-        tokens_per_block = sizes[0]
-        if tokens_per_chunk % tokens_per_block != 0:
+        tpb = sizes[0]
+        if tpb == 0:  # a spec with block_size 0: vLLM divides by zero here
+            raise ZeroChunkSizeError(
+                f"'block_size'={tokens_per_chunk} cannot be split into GPU blocks of 0 "
+                "tokens; the KV cache spec's block_size must be positive"
+            )
+        if tokens_per_chunk % tpb != 0:
             raise ChunkMultipleError(
                 tokens_per_chunk=tokens_per_chunk,
-                tokens_per_block=tokens_per_block,
-                suggested=round_up(tokens_per_chunk, tokens_per_block),
+                tokens_per_block=tpb,
+                suggested=round_up(tokens_per_chunk, tpb),
             )
         # No positivity check here, as in vLLM: 'block_size': 0 gives 0 blocks per chunk.
         # A negative size, which vLLM passes on as a negative chunk, is refused.
         if tokens_per_chunk < 0:
             raise ChunkSizeError(
                 f"'block_size' must be >= 0 in kv_connector_extra_config. Got "
-                f"{tokens_per_chunk}, which would give {tokens_per_chunk // tokens_per_block} "
-                f"blocks per chunk; use a positive multiple of {tokens_per_block}."
+                f"{tokens_per_chunk}, which would give {tokens_per_chunk // tpb} "
+                f"blocks per chunk; use a positive multiple of {tpb}."
             )
-        return tokens_per_chunk // tokens_per_block
+        return tokens_per_chunk // tpb
     return 1
 
 
@@ -219,6 +224,11 @@ def certify(
 ) -> Certification:
     """Rules 8-11: replicated layout, canonical layout, parallelism agnosticism."""
     extra = engine_config.kv_transfer_config.kv_connector_extra_config
+    # vLLM evaluates the default replicated chain even when the canonical path then
+    # recomputes the flag, so its attribute reads (nnodes_within_dp, which may raise)
+    # happen in both cases; evaluate it the same way, in the same order.
+    default_replicated = replicated_checks(engine_config, kv_cache_config, worker_bytes)
+    replicated = passes(default_replicated)
     canonical_layout = bool(extra.get("canonical_layout", False))
     agnostic_gate = agnostic_checks(engine_config, kv_cache_config)
     agnostic = passes(agnostic_gate)
@@ -228,15 +238,15 @@ def certify(
     if canonical_layout and not agnostic:
         canonical_gate = canonical_agnostic_checks(engine_config, kv_cache_config)
         agnostic = passes(canonical_gate)
+    replicated_gate = default_replicated
     if canonical_layout:
         # Recomputed from spec types; the default-path value is discarded.
         replicated_gate = canonical_replicated_checks(engine_config, selected, agnostic)
-    else:
-        replicated_gate = replicated_checks(engine_config, kv_cache_config, worker_bytes)
+        replicated = passes(replicated_gate)
     return Certification(
         canonical_layout=canonical_layout,
         is_parallelism_agnostic=agnostic,
-        replicated_layout=passes(replicated_gate),
+        replicated_layout=replicated,
         agnostic=verdicts(agnostic_gate),
         canonical_agnostic=None if canonical_gate is None else verdicts(canonical_gate),
         replicated=verdicts(replicated_gate),
@@ -262,12 +272,13 @@ def build_offloading_config(engine_config: Any, kv_cache_config: Any) -> Offload
             "kv_transfer_config is required for offloading; set one with "
             "kv_connector='OffloadingConnector'"
         )
+    extra = transfer.kv_connector_extra_config
     if transfer.engine_id is None:
         raise MissingTransferConfigError("kv_transfer_config.engine_id must be set")
-    extra = transfer.kv_connector_extra_config
+    # From here on every engine attribute is read where vLLM reads it, not before: an
+    # engine object may compute attributes lazily (vLLM's `nnodes_within_dp` raises for
+    # some data-parallel layouts) and vLLM's answer depends on which it asks for.
     parallel = engine_config.parallel_config
-    model = engine_config.model_config
-    dcp = parallel.decode_context_parallel_size
 
     selected = [
         (gid, kv_cache_config.kv_cache_groups[gid])
@@ -275,43 +286,40 @@ def build_offloading_config(engine_config: Any, kv_cache_config: Any) -> Offload
     ]
     if not selected:
         raise NoEligibleGroupsError()
+    dcp = parallel.decode_context_parallel_size
     tokens_per_block = [resolve_dcp_kv_block_size(g.kv_cache_spec, dcp) for _, g in selected]
-    provisional = tuple(
-        OffloadingGroupConfig(tpb, tuple(g.layer_names), gid)
-        for tpb, (gid, g) in zip(tokens_per_block, selected, strict=True)
-    )
 
     _, tokens_per_hash = resolve_kv_cache_block_sizes(kv_cache_config, engine_config)
-    for group in provisional:
-        if group.tokens_per_block % tokens_per_hash != 0:
+    for tpb, (gid, _) in zip(tokens_per_block, selected, strict=True):
+        if tpb % tokens_per_hash != 0:
             raise TokensPerHashError(
-                group_id=group.group_id,
-                tokens_per_block=group.tokens_per_block,
-                tokens_per_hash=tokens_per_hash,
+                group_id=gid, tokens_per_block=tpb, tokens_per_hash=tokens_per_hash
             )
 
-    blocks_per_chunk = _blocks_per_chunk(extra, provisional)
+    blocks_per_chunk = _blocks_per_chunk(extra, tokens_per_block)
     groups = tuple(
         OffloadingGroupConfig(
-            group.tokens_per_block,
-            group.layer_names,
-            group.group_id,
+            tpb,
+            tuple(g.layer_names),
+            gid,
             get_sliding_window_size_in_chunks(
-                next(iter_layer_specs(g.kv_cache_spec)), group.tokens_per_block * blocks_per_chunk
+                next(iter_layer_specs(g.kv_cache_spec)), tpb * blocks_per_chunk
             ),
         )
-        for group, (_, g) in zip(provisional, selected, strict=True)
+        for tpb, (gid, g) in zip(tokens_per_block, selected, strict=True)
     )
 
     worker_bytes = _worker_kv_bytes_per_block(kv_cache_config, selected)
     certification = certify(engine_config, kv_cache_config, selected, worker_bytes)
 
     events = engine_config.kv_events_config
+    cache_config = engine_config.cache_config
     cache_dtype = (
-        model.dtype
-        if engine_config.cache_config.cache_dtype == "auto"
-        else engine_config.cache_config.cache_dtype
+        engine_config.model_config.dtype
+        if cache_config.cache_dtype == "auto"
+        else cache_config.cache_dtype
     )
+    model = engine_config.model_config
     return OffloadingConfig(
         groups=groups,
         worker_kv_bytes_per_block=worker_bytes,
