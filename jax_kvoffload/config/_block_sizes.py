@@ -65,7 +65,8 @@ def resolve_kv_cache_block_sizes(kv_cache_config: Any, engine_config: Any) -> tu
         raise PrefixMatchUnitError(
             f"Invalid prefix_match_unit={hash_size}; prefix-cacheable "
             "KV cache group block sizes must be divisible by prefix_match_unit. "
-            f"Got group block sizes={sizes}, prefix-cacheable={hashing}.",
+            f"Got group block sizes={sizes}, prefix-cacheable={hashing}. Unset it or use "
+            f"a divisor of them all, e.g. {math.gcd(*hashing)}.",
             prefix_match_unit=hash_size,
             block_sizes=tuple(sizes),
         )
@@ -88,7 +89,8 @@ def resolve_kv_cache_block_sizes(kv_cache_config: Any, engine_config: Any) -> tu
         raise StateAlignmentError(
             f"Invalid prefix_match_unit={hash_size}; prefix-cache boundaries "
             "must align with each spec's per-state compression. "
-            f"Got alignments={sorted(alignments)}.",
+            f"Got alignments={sorted(alignments)}. Use a prefix_match_unit (or block "
+            f"sizes) divisible by {math.lcm(*alignments)}.",
             alignment=hit_alignment,
             alignments=tuple(sorted(alignments)),
         )

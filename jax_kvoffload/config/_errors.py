@@ -69,7 +69,12 @@ class NoEligibleGroupsError(OffloadConfigError):
     """No KV cache group can be offloaded (vLLM: ValueError)."""
 
     def __init__(self) -> None:
-        super().__init__("KV offloading found no eligible cache groups.")
+        super().__init__(
+            "KV offloading found no eligible cache groups. A group is offloaded when it "
+            "allows KV transfer (enable_kv_transfer=True) and its spec is prefix-cacheable "
+            "(not a circular buffer, bounded-replay or HiSparse spec); with HiSparse "
+            "(hisparse_host_num_blocks set), only groups with role HISPARSE_INDEXER are."
+        )
 
 
 class PrefixMatchUnitError(OffloadConfigError):

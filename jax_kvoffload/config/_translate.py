@@ -30,6 +30,7 @@ from jax_kvoffload.config._errors import (
     ChunkMultipleError,
     ChunkSizeError,
     ChunkSizeOverflowError,
+    ConfigFieldError,
     ConfigTypeError,
     MissingTransferConfigError,
     NoEligibleGroupsError,
@@ -81,7 +82,10 @@ def get_sliding_window_size_in_chunks(spec: KVCacheSpec, tokens_per_chunk: int) 
     if isinstance(spec, SlidingWindowSpec):
         window = spec.sliding_window
         if window <= 0:
-            raise WindowSpecError(f"sliding_window must be positive, got {window}")
+            raise WindowSpecError(
+                f"sliding_window must be positive, got {window} ({type(spec).__name__}); "
+                "give the model's window in tokens (vLLM asserts here)"
+            )
         _check_chunk_tokens(tokens_per_chunk)
         return max(
             cdiv(window, tokens_per_chunk),
@@ -90,7 +94,8 @@ def get_sliding_window_size_in_chunks(spec: KVCacheSpec, tokens_per_chunk: int) 
     if isinstance(spec, ChunkedLocalAttentionSpec):
         if spec.attention_chunk_size <= 0:
             raise WindowSpecError(
-                f"attention_chunk_size must be positive, got {spec.attention_chunk_size}"
+                f"attention_chunk_size must be positive, got {spec.attention_chunk_size}; "
+                "give the model's attention chunk in tokens (vLLM asserts here)"
             )
         _check_chunk_tokens(tokens_per_chunk)
         return cdiv(spec.attention_chunk_size, tokens_per_chunk)
@@ -100,7 +105,7 @@ def get_sliding_window_size_in_chunks(spec: KVCacheSpec, tokens_per_chunk: int) 
         raise WindowSpecError(
             f"cannot offload a group of {type(spec).__name__}: only full attention, "
             "sliding window, chunked local attention and Mamba groups have a defined "
-            "window (vLLM asserts here)"
+            "window (vLLM asserts here); set enable_kv_transfer=False on that group"
         )
     return None
 
@@ -161,7 +166,7 @@ def _blocks_per_chunk(extra: Mapping[str, Any], tokens_per_block: list[int]) -> 
         blocks_per_chunk = _parse_int(extra, "blocks_per_chunk")
         if blocks_per_chunk <= 0:
             raise ChunkSizeError(
-                f"'blocks_per_chunk' must be greater than 0. Got {blocks_per_chunk}."
+                f"'blocks_per_chunk' must be greater than 0. Got {blocks_per_chunk}; use 1 or more."
             )
         return blocks_per_chunk
     if extra.get("block_size") is not None:
@@ -191,6 +196,20 @@ def _blocks_per_chunk(extra: Mapping[str, Any], tokens_per_block: list[int]) -> 
             )
         return tokens_per_chunk // tpb
     return 1
+
+
+def _check_block_sizes(kv_cache_config: Any) -> None:
+    # vLLM computes on with a spec of block_size <= 0 (its constructors accept one) and
+    # later returns groups spanning no tokens or divides by zero, depending on the
+    # groups; a block holds at least one token, so say so before anything else.
+    for i, group in enumerate(kv_cache_config.kv_cache_groups):
+        for spec in (group.kv_cache_spec, *iter_layer_specs(group.kv_cache_spec)):
+            if spec.block_size < 1:
+                raise ConfigFieldError(
+                    f"kv_cache_groups[{i}].kv_cache_spec.block_size",
+                    f"is {spec.block_size} ({type(spec).__name__}); a block holds at least "
+                    "one token: use the engine's block size in tokens",
+                )
 
 
 def _worker_kv_bytes_per_block(kv_cache_config: Any, selected: list[tuple[int, Any]]) -> int:
@@ -286,6 +305,7 @@ def build_offloading_config(engine_config: Any, kv_cache_config: Any) -> Offload
     ]
     if not selected:
         raise NoEligibleGroupsError()
+    _check_block_sizes(kv_cache_config)
     dcp = parallel.decode_context_parallel_size
     tokens_per_block = [resolve_dcp_kv_block_size(g.kv_cache_spec, dcp) for _, g in selected]
 

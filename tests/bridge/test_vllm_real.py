@@ -79,6 +79,67 @@ def test_differential_against_vllm():
         assert labels["topology refused by vLLM"] >= 5, dict(labels)
 
 
+# ---------------------------------------------------------------- extra_config for vLLM
+
+TIERS = {"secondary_tiers": [{"type": "example", "backpressure": {}}], "block_size": 32}
+
+
+def _tiering_spec():
+    from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
+
+    return TieringOffloadingSpec
+
+
+def test_vllms_tiering_spec_accepts_our_extra_config():
+    # vLLM's tiering spec checks isinstance(secondary_tiers, list) and each tier is a
+    # dict; our config hands out fresh lists and dicts, and stays hashable.
+    case = tiers_case()
+    ours = offloading_config_from_vllm(case.vllm_config(set()), case.kv)
+    tiers = _tiering_spec()._get_secondary_tiers(ours.extra_config)
+    assert [t for t, _ in tiers] == TIERS["secondary_tiers"]
+    assert hash(ours) == hash(offloading_config_from_vllm(case.vllm_config(set()), case.kv))
+
+
+def test_our_offloading_config_keeps_vllms_structures():
+    from jax_kvoffload.bridge.vllm import our_offloading_config
+
+    case = tiers_case()
+    theirs = vllm_build(case.vllm_config(set()), case.kv)
+    ours = our_offloading_config(theirs)
+    assert vllm_objects.as_plain(ours) == vllm_objects.as_plain(theirs)
+    _tiering_spec()._get_secondary_tiers(ours.extra_config)  # no "must be a list"
+    assert type(ours.extra_config["secondary_tiers"][0]["backpressure"]) is dict
+    ours.extra_config["secondary_tiers"].append("junk")  # a consumer's own copy
+    assert ours.extra_config["secondary_tiers"] == TIERS["secondary_tiers"]
+    hash(ours)
+
+
+def tiers_case() -> vllm_space.Case:
+    from vllm.config import CacheConfig, KVTransferConfig, ParallelConfig
+    from vllm.v1 import kv_cache_interface as kci
+
+    torch = vllm_space.torch
+    spec = kci.FullAttentionSpec(block_size=16, num_kv_heads=2, head_size=64, dtype=torch.float16)
+    group = kci.KVCacheGroupSpec(layer_names=["a", "b"], kv_cache_spec=spec)
+    return vllm_space.Case(
+        seed="tiers",
+        parallel=ParallelConfig(),
+        parallel_kwargs={},
+        cache=CacheConfig(block_size=16),
+        model=vllm_space.ModelStandIn("m", torch.bfloat16, False, 4096, 2),
+        transfer=KVTransferConfig(
+            kv_connector="OffloadingConnector",
+            kv_role="kv_both",
+            kv_connector_extra_config=dict(TIERS),
+            engine_id="engine-0",
+        ),
+        events=None,
+        use_v2_model_runner=False,
+        kv=kci.KVCacheConfig(num_blocks=8, kv_cache_tensors=[], kv_cache_groups=[group]),
+        archetype="dense",
+    )
+
+
 # ---------------------------------------------------------------- the suite can fail
 # Each mutation reintroduces a difference this library once had (issue 11); the
 # comparison must report it. A fixed seed keeps these deterministic.

@@ -69,6 +69,13 @@ def _documented(case: Case, expected: Any, v_exc: BaseException | None, o_exc: A
     """The docs/config.md difference this outcome is, or "" if none."""
     if not isinstance(o_exc, ours.OffloadConfigError):
         return ""
+    if (
+        isinstance(o_exc, ours.ConfigFieldError)
+        and "block holds at least one token" in str(o_exc)
+        and not (v_exc is not None and str(v_exc).startswith(_EARLY_RULES[:1]))
+        and any(s.block_size < 1 for s in _layer_specs(case))
+    ):
+        return "spec block_size < 1"
     _, value = _chunk_option(case)
     early = v_exc is not None and str(v_exc).startswith(_EARLY_RULES)
     if (
@@ -83,10 +90,6 @@ def _documented(case: Case, expected: Any, v_exc: BaseException | None, o_exc: A
         return ""
     if expected.cache.blocks_per_chunk < 0 and "'block_size' must be >= 0" in str(o_exc):
         return "negative block_size"
-    if any(g.tokens_per_block < 1 for g in expected.groups) and isinstance(
-        o_exc, ours.ConfigFieldError
-    ):
-        return "non-positive block span"
     return ""
 
 
@@ -212,20 +215,27 @@ def _jax_path(case: Case, expected: Any, v_exc: Any) -> list[str]:
     return _compare(case, expected, v_exc, actual, o_exc, "our classes")
 
 
-def _degenerate(case: Case) -> bool:
-    """A spec value our constructors refuse on purpose: a zero block, window or chunk, or
-    padding below the page."""
+def _layer_specs(case: Case) -> list:
+    out = []
     for g in case.kv.kv_cache_groups:
         spec = g.kv_cache_spec
-        inner = getattr(spec, "kv_cache_specs", {})
-        for s in [spec, *inner.values()]:
-            if s.block_size < 1 or getattr(s, "sliding_window", 1) == 0:
-                return True
-            if getattr(s, "attention_chunk_size", 1) == 0:
-                return True
-            padded = getattr(s, "page_size_padded", None)
-            if padded is not None and padded < getattr(s, "real_page_size_bytes", 0):
-                return True
+        out += [spec, *getattr(spec, "kv_cache_specs", {}).values()]
+    return out
+
+
+def _degenerate(case: Case) -> bool:
+    """A spec value our constructors refuse on purpose: a zero block, window, chunk or
+    head count, or padding below the page."""
+    for s in _layer_specs(case):
+        if s.block_size < 1 or getattr(s, "sliding_window", 1) == 0:
+            return True
+        if getattr(s, "num_kv_heads", 1) < 1:  # an attention layer without heads
+            return True
+        if getattr(s, "attention_chunk_size", 1) == 0:
+            return True
+        padded = getattr(s, "page_size_padded", None)
+        if padded is not None and padded < getattr(s, "real_page_size_bytes", 0):
+            return True
     return False
 
 
