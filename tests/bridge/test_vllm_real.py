@@ -34,7 +34,7 @@ from jax_kvoffload.config import (  # noqa: E402
     ChunkSizeError,
     ConfigFieldError,
     OffloadConfigError,
-    _engine,
+    _engine,  # the mutation tests patch the private rule functions
     _translate,
 )
 from jax_kvoffload.config.internals import FrozenDict, freeze  # noqa: E402
