@@ -5,14 +5,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from jax_kvoffload.config import (
-    OffloadingConfig,
-    build_offloading_config,
+from jax_kvoffload.config import OffloadingConfig, build_offloading_config
+from jax_kvoffload.config.internals import (
+    Verdict,
     certify,
     get_offloading_group_ids,
+    load_description,
 )
-from jax_kvoffload.config._describe import load_description
-from jax_kvoffload.config._gates import Verdict
 
 _MARK = {True: "yes", False: "NO ", None: " - "}
 
@@ -31,6 +30,7 @@ def _verdict_rows(verdicts: tuple[Verdict, ...]) -> list[dict[str, Any]]:
 
 
 def as_json(result: dict[str, Any]) -> str:
+    """Strict JSON (`allow_nan=False`: the loader refuses NaN and Infinity already)."""
     config: OffloadingConfig = result["config"]
     cert = result["certification"]
     return json.dumps(
@@ -50,6 +50,7 @@ def as_json(result: dict[str, Any]) -> str:
             },
         },
         indent=2,
+        allow_nan=False,
     )
 
 

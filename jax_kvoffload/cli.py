@@ -12,18 +12,26 @@ import sys
 
 def _config_explain(args: argparse.Namespace) -> int:
     from jax_kvoffload import _explain
-    from jax_kvoffload.config import OffloadConfigError
+    from jax_kvoffload.errors import KVOffloadError
 
+    # Every way a description can be wrong ends in one line naming it and exit status 2;
+    # a traceback would tell a user nothing they can fix.
     try:
         result = _explain.explain_file(args.file)
-    except FileNotFoundError:
-        print(f"error: {args.file}: no such file", file=sys.stderr)
-        return 2
-    except OffloadConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print(_explain.as_json(result) if args.json else _explain.as_text(result))
+        out = _explain.as_json(result) if args.json else _explain.as_text(result)
+    except KVOffloadError as exc:
+        return _fail(str(exc))
+    except OSError as exc:
+        return _fail(f"{args.file}: {exc.strerror or exc}")
+    except Exception as exc:  # a bug of ours: still one line, and say so
+        return _fail(f"{args.file}: unexpected {type(exc).__name__}: {exc} (please report this)")
+    print(out)
     return 0
+
+
+def _fail(message: str) -> int:
+    print("error: " + " ".join(message.split()), file=sys.stderr)
+    return 2
 
 
 BENCHMARKS = ("kernels", "offload", "manager", "canonical", "mesh")

@@ -113,10 +113,109 @@ def test_bad_files_give_one_clear_line_and_exit_2(capsys, tmp_path, data, messag
     assert "Traceback" not in err
 
 
+def extra(value_text: str) -> str:
+    """The good description with `"block_size": <value_text>` in the extra config."""
+    text = json.dumps(good())
+    return text.replace('"kv_connector_extra_config": {', '"kv_connector_extra_config": '
+                        '{"x": ' + value_text + ", ", 1)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (b"\xff\xfe{}", "is not UTF-8 text (byte 0xff at offset 0)"),
+        (extra("9" * 5000), "an integer of 5000 digits is too large"),
+        (extra("Infinity"), "Infinity is not a JSON number; use a finite number"),
+        (extra("-Infinity"), "-Infinity is not a JSON number"),
+        (extra("NaN"), "NaN is not a JSON number"),
+        (extra("[" * 40 + "]" * 40), "nests deeper than a description can"),
+        ("[" * 100_000 + "]" * 100_000, "nests deeper than a description can"),
+        ("[1, 2]", "expected an object with 'engine' and 'kv_cache'"),
+        (" " * (1 << 20) + "{}", "is larger than 1048576 bytes"),
+        (
+            mutate(lambda d: d["engine"]["cache_config"].update(block_size="16")),
+            "engine.cache_config.block_size: must be an int, got str '16'",
+        ),
+        (
+            mutate(lambda d: d["engine"]["cache_config"].update(block_size=16.5)),
+            "engine.cache_config.block_size: must be an int, got float 16.5",
+        ),
+        (
+            mutate(lambda d: d["engine"]["model_config"].update(dtype="complex64")),
+            "engine.model_config.dtype: 'complex64' (numpy kind 'c') is not a KV cache",
+        ),
+        (
+            mutate(lambda d: d["engine"]["model_config"].update(dtype=["bfloat16"])),
+            "engine.model_config.dtype: expected a dtype or a dtype name, got list",
+        ),
+        (
+            mutate(lambda d: d["kv_cache"]["kv_cache_groups"][0].update(layer_names="l0")),
+            "kv_cache.kv_cache_groups[0].layer_names: expected a list, got a string",
+        ),
+        (
+            mutate(lambda d: d["kv_cache"]["kv_cache_groups"][0].update(role=["x"])),
+            "kv_cache.kv_cache_groups[0].role: unknown role ['x']",
+        ),
+        (
+            mutate(
+                lambda d: d["engine"]["kv_transfer_config"]["kv_connector_extra_config"].update(
+                    block_size=[64]
+                )
+            ),
+            "kv_connector_extra_config['block_size']: must be an integer or a string of one, "
+            "got list [64]",
+        ),
+        (
+            mutate(
+                lambda d: d["engine"]["kv_transfer_config"]["kv_connector_extra_config"].update(
+                    block_size="x"
+                )
+            ),
+            "kv_connector_extra_config['block_size']='x' is not an integer",
+        ),
+    ],
+)
+def test_hostile_files_give_one_line_naming_the_problem(capsys, tmp_path, data, message):
+    path = tmp_path / "cfg.json"
+    if isinstance(data, bytes):
+        path.write_bytes(data)
+    else:
+        path.write_text(data if isinstance(data, str) else json.dumps(data))
+    for flags in ((), ("--json",)):
+        code, out, err = run(capsys, "config", "explain", *flags, str(path))
+        assert (code, out) == (2, ""), err
+        assert err.startswith("error: ") and err.count("\n") == 1, err
+        assert message in err, err
+        assert "Traceback" not in err
+
+
+def test_a_directory_is_one_line_too(capsys, tmp_path):
+    code, out, err = run(capsys, "config", "explain", str(tmp_path))
+    assert (code, out) == (2, "")
+    assert err == f"error: {tmp_path}: Is a directory\n"
+
+
+def test_json_output_is_strict_json(capsys, tmp_path):
+    data = mutate(
+        lambda d: d["engine"]["kv_transfer_config"]["kv_connector_extra_config"].update(
+            tiers=[{"medium": "disk", "big": 1.5e308}], ratio=0.1
+        )
+    )
+    code, out, _ = run(capsys, "config", "explain", "--json", write(tmp_path, data))
+    assert code == 0
+
+    def refuse(name):
+        raise AssertionError(f"{name} in --json output")
+
+    parsed = json.loads(out, parse_constant=refuse)
+    extra_out = parsed["offloading_config"]["extra_config"]
+    assert extra_out["tiers"] == [{"medium": "disk", "big": 1.5e308}]
+
+
 def test_missing_file(capsys, tmp_path):
     code, _, err = run(capsys, "config", "explain", str(tmp_path / "absent.json"))
     assert code == 2
-    assert "no such file" in err
+    assert "No such file or directory" in err
 
 
 def test_module_entry_point_runs():

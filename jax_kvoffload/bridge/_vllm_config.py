@@ -1,9 +1,16 @@
 """vLLM config objects -> this library's config model, by attribute, without importing vLLM.
 
-`offloading_config_from_vllm` reads exactly what vLLM's `build_offloading_config` reads,
-converts it to `jax_kvoffload.config` objects (torch dtypes become names, vLLM spec
-classes map to ours by class name along the MRO), and runs our translation. Neither vLLM
-nor torch is imported: objects with only the attributes named below work too.
+`offloading_config_from_vllm` gives vLLM 0.33.0's answer on vLLM's own objects: it runs
+our translation on the `VllmConfig` itself (the translation reads vLLM's attribute
+names), so every engine attribute is read only where and when vLLM's
+`build_offloading_config` reads it (`nnodes_within_dp`, which raises for some data
+parallel layouts, only at the end of the replicated-layout chain; `model_config.dtype`
+only when `cache_dtype == "auto"`; the total KV head count only on the gates that compare
+it; `kv_cache_layout` copied as it is). The KV cache config is copied into our classes
+(vLLM spec classes map to ours by class name along the MRO, torch dtypes become numpy
+dtypes) without re-validating it: vLLM validated it, and the few checks vLLM makes late
+(a sliding window of 0, padding below the page) are made by the translation at the same
+point. Neither vLLM nor torch is imported: objects with the attributes named below work.
 """
 
 from __future__ import annotations
@@ -13,41 +20,58 @@ from typing import Any
 
 from jax_kvoffload.config import (
     CacheConfig,
+    ChunkedLocalAttentionSpec,
+    CircularBufferSpec,
+    ConfigTypeError,
+    CrossAttentionSpec,
+    EncoderOnlyAttentionSpec,
     EngineConfig,
+    FullAttentionSpec,
+    HiddenStateCacheSpec,
+    HiSparseHotSpec,
+    HiSparseResidentSpec,
     KVCacheConfig,
     KVCacheGroupRole,
     KVCacheGroupSpec,
     KVCacheSpec,
     KVCacheTensor,
     KVEventsConfig,
+    KVQuantMode,
     KVTransferConfig,
+    MambaSpec,
     MissingTransferConfigError,
+    MLAAttentionSpec,
     ModelConfig,
     OffloadingConfig,
     ParallelConfig,
+    RSWASpec,
+    SinkFullAttentionSpec,
+    SlidingWindowMLASpec,
+    SlidingWindowSpec,
+    UniformTypeKVCacheSpecs,
     build_offloading_config,
 )
-from jax_kvoffload.config import _specs as specs
+from jax_kvoffload.config.internals import FrozenDict, as_dtype, from_trusted_fields
 
 # vLLM class name -> ours. Names, not classes, so that vLLM need not be importable.
 _SPEC_CLASSES: dict[str, type[KVCacheSpec]] = {
     cls.__name__: cls
     for cls in (
-        specs.FullAttentionSpec,
-        specs.MLAAttentionSpec,
-        specs.HiddenStateCacheSpec,
-        specs.SlidingWindowSpec,
-        specs.SlidingWindowMLASpec,
-        specs.ChunkedLocalAttentionSpec,
-        specs.CircularBufferSpec,
-        specs.EncoderOnlyAttentionSpec,
-        specs.CrossAttentionSpec,
-        specs.SinkFullAttentionSpec,
-        specs.RSWASpec,
-        specs.MambaSpec,
-        specs.HiSparseHotSpec,
-        specs.HiSparseResidentSpec,
-        specs.UniformTypeKVCacheSpecs,
+        FullAttentionSpec,
+        MLAAttentionSpec,
+        HiddenStateCacheSpec,
+        SlidingWindowSpec,
+        SlidingWindowMLASpec,
+        ChunkedLocalAttentionSpec,
+        CircularBufferSpec,
+        EncoderOnlyAttentionSpec,
+        CrossAttentionSpec,
+        SinkFullAttentionSpec,
+        RSWASpec,
+        MambaSpec,
+        HiSparseHotSpec,
+        HiSparseResidentSpec,
+        UniformTypeKVCacheSpecs,
     )
 }
 
@@ -66,19 +90,20 @@ def _our_spec_class(spec: Any) -> type[KVCacheSpec]:
         ours = _SPEC_CLASSES.get(cls.__name__)
         if ours is None:
             continue
-        if ours is specs.MLAAttentionSpec and type(spec).__name__ != "MLAAttentionSpec":
+        if ours is MLAAttentionSpec and type(spec).__name__ != "MLAAttentionSpec":
             # The rules test `type(spec) is MLAAttentionSpec`: an unknown MLA subclass
             # must stay a subclass, and HiddenStateCacheSpec is ours with that behaviour.
-            return specs.HiddenStateCacheSpec
+            return HiddenStateCacheSpec
         return ours
-    raise TypeError(
+    raise ConfigTypeError(
+        "kv_cache_spec",
         f"unsupported KV cache spec {type(spec).__name__}: it derives from none of "
-        f"{sorted(_SPEC_CLASSES)}"
+        f"{sorted(_SPEC_CLASSES)}; the translation cannot say how it is offloaded",
     )
 
 
 def convert_spec(spec: Any) -> KVCacheSpec:
-    """One vLLM KV cache spec (or an object with its fields) as ours."""
+    """One vLLM KV cache spec (or an object with its fields) as ours, values as they are."""
     cls = _our_spec_class(spec)
     kwargs: dict[str, Any] = {}
     for field in dataclasses.fields(cls):
@@ -86,55 +111,71 @@ def convert_spec(spec: Any) -> KVCacheSpec:
             continue
         value = getattr(spec, field.name)
         if field.name == "dtype":
-            value = _dtype_name(value)
+            value = as_dtype(_dtype_name(value), "dtype")
         elif field.name == "dtypes":
-            value = tuple(_dtype_name(d) for d in value)
+            value = tuple(as_dtype(_dtype_name(d), "dtypes[]") for d in value)
         elif field.name == "shapes":
-            value = tuple(tuple(int(d) for d in s) for s in value)
+            value = tuple(tuple(s) for s in value)
         elif field.name == "kv_cache_specs":
-            value = {name: convert_spec(inner) for name, inner in value.items()}
-        elif field.name in ("kv_quant_mode",):
-            value = int(value)
+            value = FrozenDict(
+                {name: convert_spec(inner) for name, inner in value.items()},
+                name="kv_cache_specs",
+            )
+        elif field.name == "kv_quant_mode":
+            value = KVQuantMode(int(value))
         elif field.name in ("cache_role", "mamba_type"):
             value = str(_enum_value(value))
-        elif field.name == "block_stride_alignment" and value is not None:
-            value = int(getattr(value, "value", value))
         kwargs[field.name] = value
-    if cls is specs.UniformTypeKVCacheSpecs:
-        kwargs.pop("dcp_sharded", None)  # derived from the first inner spec
-    return cls(**kwargs)
+    if cls is UniformTypeKVCacheSpecs and "dcp_sharded" not in kwargs:
+        # vLLM's post-init copies it from the first inner spec.
+        kwargs["dcp_sharded"] = next(iter(kwargs["kv_cache_specs"].values())).dcp_sharded
+    if kwargs.get("head_size_v", 0) is None or (
+        "head_size_v" not in kwargs and _default(cls, "head_size_v") is None
+    ):
+        kwargs["head_size_v"] = kwargs.get("head_size")  # vLLM's AttentionSpec post-init
+    return from_trusted_fields(cls, **kwargs)
+
+
+def _default(cls: type, name: str) -> Any:
+    for f in dataclasses.fields(cls):
+        if f.name == name:
+            return f.default
+    return dataclasses.MISSING
 
 
 def convert_kv_cache_config(kv_cache_config: Any) -> KVCacheConfig:
-    """vLLM's `KVCacheConfig` (tensors, groups, specs) as ours."""
+    """vLLM's `KVCacheConfig` (tensors, groups, specs) as ours, without re-validating it."""
     tensors = tuple(
-        KVCacheTensor(
-            size=int(t.size),
+        from_trusted_fields(
+            KVCacheTensor,
+            size=t.size,
             layers=tuple(t.layers),
-            layer_stride=int(t.layer_stride),
-            block_stride=int(t.block_stride),
-            offset=int(getattr(t, "offset", 0)),
-            host_resident=bool(getattr(t, "host_resident", False)),
+            layer_stride=t.layer_stride,
+            block_stride=t.block_stride,
+            offset=getattr(t, "offset", 0),
+            host_resident=getattr(t, "host_resident", False),
         )
         for t in kv_cache_config.kv_cache_tensors
     )
     groups = tuple(
-        KVCacheGroupSpec(
+        from_trusted_fields(
+            KVCacheGroupSpec,
             layer_names=tuple(g.layer_names),
             kv_cache_spec=convert_spec(g.kv_cache_spec),
-            is_eagle_group=bool(getattr(g, "is_eagle_group", False)),
-            host_resident=bool(getattr(g, "host_resident", False)),
-            enable_kv_transfer=bool(getattr(g, "enable_kv_transfer", True)),
+            is_eagle_group=getattr(g, "is_eagle_group", False),
+            host_resident=getattr(g, "host_resident", False),
+            enable_kv_transfer=getattr(g, "enable_kv_transfer", True),
             role=KVCacheGroupRole(_enum_value(getattr(g, "role", "default"))),
         )
         for g in kv_cache_config.kv_cache_groups
     )
-    return KVCacheConfig(
-        num_blocks=int(kv_cache_config.num_blocks),
+    return from_trusted_fields(
+        KVCacheConfig,
+        num_blocks=kv_cache_config.num_blocks,
         kv_cache_tensors=tensors,
         kv_cache_groups=groups,
         hisparse_host_num_blocks=kv_cache_config.hisparse_host_num_blocks,
-        kv_tp_replicas=int(getattr(kv_cache_config, "kv_tp_replicas", 1)),
+        kv_tp_replicas=getattr(kv_cache_config, "kv_tp_replicas", 1),
     )
 
 
@@ -146,27 +187,31 @@ def _backend_name(backend: Any) -> str | None:
 
 
 def convert_engine_config(vllm_config: Any) -> EngineConfig:
-    """The parts of a `VllmConfig` that the translation reads, as our `EngineConfig`."""
+    """The parts of a `VllmConfig` the translation reads, as our (validated) `EngineConfig`.
+
+    Unlike `offloading_config_from_vllm`, this reads every attribute up front, so it
+    raises where a property of vLLM's raises (e.g. `nnodes_within_dp` for a data-parallel
+    layout whose node count does not divide) even if the translation would not ask.
+    """
     model = vllm_config.model_config
     cache = vllm_config.cache_config
     parallel = vllm_config.parallel_config
     transfer = vllm_config.kv_transfer_config
     events = vllm_config.kv_events_config
-    layout = cache.kv_cache_layout
     return EngineConfig(
         model_config=ModelConfig(
-            model=str(model.model),
+            model=model.model,
             dtype=_dtype_name(model.dtype),
-            total_num_kv_heads=int(model.get_total_num_kv_heads()),
-            use_mla=bool(model.use_mla),
-            max_model_len=int(model.max_model_len or 0),
+            total_num_kv_heads=model.get_total_num_kv_heads(),
+            use_mla=model.use_mla,
+            max_model_len=model.max_model_len,
         ),
         cache_config=CacheConfig(
-            block_size=int(cache.block_size),
+            block_size=cache.block_size,
             cache_dtype=_dtype_name(cache.cache_dtype),
-            enable_prefix_caching=bool(cache.enable_prefix_caching),
+            enable_prefix_caching=cache.enable_prefix_caching,
             prefix_match_unit=cache.prefix_match_unit,
-            kv_cache_layout=getattr(layout, "name", layout),
+            kv_cache_layout=cache.kv_cache_layout,
         ),
         parallel_config=ParallelConfig(
             tensor_parallel_size=parallel.tensor_parallel_size,
@@ -187,16 +232,16 @@ def convert_engine_config(vllm_config: Any) -> EngineConfig:
             else KVTransferConfig(
                 kv_connector=str(getattr(transfer, "kv_connector", None) or ""),
                 kv_role=str(getattr(transfer, "kv_role", None) or ""),
-                kv_connector_extra_config=transfer.kv_connector_extra_config or {},
+                kv_connector_extra_config=transfer.kv_connector_extra_config,
                 engine_id=transfer.engine_id,
             )
         ),
         kv_events_config=(
             None
             if events is None
-            else KVEventsConfig(enable_kv_cache_events=bool(events.enable_kv_cache_events))
+            else KVEventsConfig(enable_kv_cache_events=events.enable_kv_cache_events)
         ),
-        use_v2_model_runner=bool(vllm_config.use_v2_model_runner),
+        use_v2_model_runner=vllm_config.use_v2_model_runner,
     )
 
 
@@ -207,16 +252,26 @@ def offloading_config_from_vllm(vllm_config: Any, kv_cache_config: Any) -> Offlo
       vllm_config: a `VllmConfig`, or any object exposing `model_config` (`model`,
         `dtype`, `use_mla`, `max_model_len`, `get_total_num_kv_heads()`),
         `parallel_config`, `cache_config`, `kv_transfer_config`, `kv_events_config` and
-        `use_v2_model_runner`.
+        `use_v2_model_runner`. Read lazily, as vLLM reads it.
       kv_cache_config: vLLM's `KVCacheConfig` with vLLM's spec classes.
 
     Raises:
-      OffloadConfigError: wherever vLLM raises or asserts, as `build_offloading_config`.
+      KVOffloadError: wherever vLLM raises or asserts, in vLLM's exception family: an
+        `OffloadConfigError` (a `ValueError`) for vLLM's ValueErrors and assertions, a
+        `ConfigTypeError` (a `TypeError`) where `int()` gets a list or dict, and the
+        `ChunkSizeError` subclasses that are also `OverflowError` / `ZeroDivisionError`.
+        docs/config.md lists the few inputs answered differently, on purpose.
     """
+    # vLLM asserts these first; check them before converting anything else.
     transfer = vllm_config.kv_transfer_config
-    if transfer is not None and transfer.engine_id is None:
-        # Report it here: our KVTransferConfig would invent a uuid, vLLM asserts.
-        raise MissingTransferConfigError("kv_transfer_config.engine_id must be set")
-    return build_offloading_config(
-        convert_engine_config(vllm_config), convert_kv_cache_config(kv_cache_config)
-    )
+    if transfer is None:
+        raise MissingTransferConfigError(
+            "kv_transfer_config is required for offloading; set one with "
+            "kv_connector='OffloadingConnector'"
+        )
+    transfer.kv_connector_extra_config  # noqa: B018 -- read before the id, as vLLM does
+    if transfer.engine_id is None:
+        raise MissingTransferConfigError(
+            "kv_transfer_config.engine_id must be set (vLLM fills in a uuid when it is None)"
+        )
+    return build_offloading_config(vllm_config, convert_kv_cache_config(kv_cache_config))

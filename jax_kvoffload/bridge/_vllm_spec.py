@@ -27,7 +27,13 @@ logger = logging.getLogger(__name__)
 
 
 def our_offloading_config(vllm_config: Any) -> OffloadingConfig:
-    """vLLM's `OffloadingConfig` converted into ours (the same fields, validated)."""
+    """vLLM's `OffloadingConfig` converted into ours (the same fields, validated).
+
+    Ours is hashable (a jit static), yet its `extra_config` reads back as vLLM's: each
+    read returns a fresh copy in the caller's types (lists stay lists, dicts dicts), so
+    vLLM code handed our config (e.g. the tiering spec's `secondary_tiers` list check)
+    works, and nothing it does to its copy changes ours (docs/config.md).
+    """
     data = {f.name: getattr(vllm_config, f.name) for f in dataclasses.fields(vllm_config)}
     for name in ("model", "cache", "parallel"):
         data[name] = dataclasses.asdict(data[name])

@@ -2,49 +2,28 @@
 
 `build_offloading_config(engine_config, kv_cache_config)` applies vLLM's translation and
 certification rules, in vLLM's order, to an engine description (`EngineConfig`) and a KV
-cache description (`KVCacheConfig` with its spec classes). Every error is a typed
-`OffloadConfigError`, a `ValueError`. This package imports nothing else of ours.
+cache description (`KVCacheConfig` with its spec classes). Every error derives from
+`jax_kvoffload.errors.KVOffloadError`: an `OffloadConfigError` (a `ValueError`) where
+vLLM raises `ValueError` or asserts, a `ConfigTypeError` (a `TypeError`) for a wrong
+type. This package imports nothing else of ours.
+
+This module exports what a user needs. The translation's parts live in the semi-public
+`jax_kvoffload.config.internals` and the canonical byte mappings in
+`jax_kvoffload.config.canonical` (for our other packages, tools and tests).
 """
 
-from jax_kvoffload.config._block_sizes import (
-    resolve_dcp_kv_block_size as resolve_dcp_kv_block_size,
-)
-from jax_kvoffload.config._block_sizes import (
-    resolve_kv_cache_block_sizes as resolve_kv_cache_block_sizes,
-)
+from typing import Any
+
 from jax_kvoffload.config._boundary import OffloadingCacheConfig as OffloadingCacheConfig
 from jax_kvoffload.config._boundary import OffloadingConfig as OffloadingConfig
 from jax_kvoffload.config._boundary import OffloadingGroupConfig as OffloadingGroupConfig
 from jax_kvoffload.config._boundary import OffloadingModelConfig as OffloadingModelConfig
 from jax_kvoffload.config._boundary import OffloadingParallelConfig as OffloadingParallelConfig
-from jax_kvoffload.config._canonical import ByteRegion as ByteRegion
-from jax_kvoffload.config._canonical import CanonicalPageMapping as CanonicalPageMapping
-from jax_kvoffload.config._canonical import CopyRun as CopyRun
-from jax_kvoffload.config._canonical import KVTensorView as KVTensorView
-from jax_kvoffload.config._canonical import RankContext as RankContext
-from jax_kvoffload.config._canonical import coalesce_runs as coalesce_runs
-from jax_kvoffload.config._canonical import interleave_tokens as interleave_tokens
 from jax_kvoffload.config._canonical_derive import CanonicalLayoutError as CanonicalLayoutError
 from jax_kvoffload.config._canonical_derive import CanonicalRegistration as CanonicalRegistration
-from jax_kvoffload.config._canonical_derive import LayerCanonicalMappings as LayerCanonicalMappings
-from jax_kvoffload.config._canonical_derive import (
-    derive_canonical_mappings as derive_canonical_mappings,
-)
-from jax_kvoffload.config._canonical_derive import derive_layer_mappings as derive_layer_mappings
-from jax_kvoffload.config._canonical_derive import rank_contexts as rank_contexts
 from jax_kvoffload.config._canonical_derive import (
     register_canonical_layout as register_canonical_layout,
 )
-from jax_kvoffload.config._canonical_layer import (
-    CANONICAL_FORMAT_VERSION as CANONICAL_FORMAT_VERSION,
-)
-from jax_kvoffload.config._canonical_layer import CanonicalTilingError as CanonicalTilingError
-from jax_kvoffload.config._canonical_layer import canonical_format_id as canonical_format_id
-from jax_kvoffload.config._canonical_layer import layer_mapping as layer_mapping
-from jax_kvoffload.config._canonical_layer import layer_mapping_or_reason as layer_mapping_or_reason
-from jax_kvoffload.config._canonical_layer import opaque_fallback_mapping as opaque_fallback_mapping
-from jax_kvoffload.config._canonical_layer import verify_tiling as verify_tiling
-from jax_kvoffload.config._dtypes import as_dtype as as_dtype
 from jax_kvoffload.config._engine import CacheConfig as CacheConfig
 from jax_kvoffload.config._engine import EngineConfig as EngineConfig
 from jax_kvoffload.config._engine import KVEventsConfig as KVEventsConfig
@@ -53,7 +32,9 @@ from jax_kvoffload.config._engine import ModelConfig as ModelConfig
 from jax_kvoffload.config._engine import ParallelConfig as ParallelConfig
 from jax_kvoffload.config._errors import ChunkMultipleError as ChunkMultipleError
 from jax_kvoffload.config._errors import ChunkSizeError as ChunkSizeError
+from jax_kvoffload.config._errors import ChunkSizeOverflowError as ChunkSizeOverflowError
 from jax_kvoffload.config._errors import ConfigFieldError as ConfigFieldError
+from jax_kvoffload.config._errors import ConfigTypeError as ConfigTypeError
 from jax_kvoffload.config._errors import MissingTransferConfigError as MissingTransferConfigError
 from jax_kvoffload.config._errors import NoEligibleGroupsError as NoEligibleGroupsError
 from jax_kvoffload.config._errors import NonUniformBlockSizeError as NonUniformBlockSizeError
@@ -62,8 +43,7 @@ from jax_kvoffload.config._errors import PrefixMatchUnitError as PrefixMatchUnit
 from jax_kvoffload.config._errors import StateAlignmentError as StateAlignmentError
 from jax_kvoffload.config._errors import TokensPerHashError as TokensPerHashError
 from jax_kvoffload.config._errors import WindowSpecError as WindowSpecError
-from jax_kvoffload.config._frozen import FrozenDict as FrozenDict
-from jax_kvoffload.config._gates import spec_certifiable as spec_certifiable
+from jax_kvoffload.config._errors import ZeroChunkSizeError as ZeroChunkSizeError
 from jax_kvoffload.config._kv_cache import KVCacheConfig as KVCacheConfig
 from jax_kvoffload.config._kv_cache import KVCacheGroupRole as KVCacheGroupRole
 from jax_kvoffload.config._kv_cache import KVCacheGroupSpec as KVCacheGroupSpec
@@ -87,95 +67,115 @@ from jax_kvoffload.config._specs import SinkFullAttentionSpec as SinkFullAttenti
 from jax_kvoffload.config._specs import SlidingWindowMLASpec as SlidingWindowMLASpec
 from jax_kvoffload.config._specs import SlidingWindowSpec as SlidingWindowSpec
 from jax_kvoffload.config._specs import UniformTypeKVCacheSpecs as UniformTypeKVCacheSpecs
-from jax_kvoffload.config._specs import iter_layer_specs as iter_layer_specs
-from jax_kvoffload.config._specs import kv_quant_mode_for as kv_quant_mode_for
-from jax_kvoffload.config._translate import Certification as Certification
 from jax_kvoffload.config._translate import build_offloading_config as build_offloading_config
-from jax_kvoffload.config._translate import certify as certify
-from jax_kvoffload.config._translate import get_offloading_group_ids as get_offloading_group_ids
-from jax_kvoffload.config._translate import (
-    get_sliding_window_size_in_chunks as get_sliding_window_size_in_chunks,
-)
-from jax_kvoffload.config._translate import group_kv_bytes_per_block as group_kv_bytes_per_block
 
-__all__ = [
-    "CANONICAL_FORMAT_VERSION",
-    "AttentionSpec",
-    "ByteRegion",
-    "CacheConfig",
-    "CanonicalLayoutError",
-    "CanonicalPageMapping",
-    "CanonicalRegistration",
-    "CanonicalTilingError",
-    "Certification",
-    "ChunkMultipleError",
-    "ChunkSizeError",
-    "ChunkedLocalAttentionSpec",
-    "CircularBufferSpec",
-    "ConfigFieldError",
-    "CopyRun",
-    "CrossAttentionSpec",
-    "EncoderOnlyAttentionSpec",
-    "EngineConfig",
-    "FrozenDict",
-    "FullAttentionSpec",
-    "HiSparseHotSpec",
-    "HiSparseResidentSpec",
-    "HiddenStateCacheSpec",
-    "KVCacheConfig",
-    "KVCacheGroupRole",
-    "KVCacheGroupSpec",
-    "KVCacheLayout",
-    "KVCacheSpec",
-    "KVCacheTensor",
-    "KVEventsConfig",
-    "KVQuantMode",
-    "KVTensorView",
-    "KVTransferConfig",
-    "LayerCanonicalMappings",
-    "MLAAttentionSpec",
-    "MambaSpec",
-    "MissingTransferConfigError",
-    "ModelConfig",
-    "NoEligibleGroupsError",
-    "NonUniformBlockSizeError",
-    "OffloadConfigError",
-    "OffloadingCacheConfig",
+# Grouped by what a user does with them, not sorted.
+__all__ = [  # noqa: RUF022
+    # building the boundary
+    "build_offloading_config",
     "OffloadingConfig",
     "OffloadingGroupConfig",
     "OffloadingModelConfig",
+    "OffloadingCacheConfig",
     "OffloadingParallelConfig",
+    # the engine
+    "EngineConfig",
+    "ModelConfig",
+    "CacheConfig",
     "ParallelConfig",
-    "PrefixMatchUnitError",
-    "RSWASpec",
-    "RankContext",
-    "SinkFullAttentionSpec",
-    "SlidingWindowMLASpec",
+    "KVTransferConfig",
+    "KVEventsConfig",
+    # the KV cache
+    "KVCacheConfig",
+    "KVCacheGroupSpec",
+    "KVCacheGroupRole",
+    "KVCacheTensor",
+    "KVCacheLayout",
+    "KVCacheSpec",
+    "AttentionSpec",
+    "FullAttentionSpec",
+    "MLAAttentionSpec",
+    "HiddenStateCacheSpec",
     "SlidingWindowSpec",
+    "SlidingWindowMLASpec",
+    "ChunkedLocalAttentionSpec",
+    "CircularBufferSpec",
+    "EncoderOnlyAttentionSpec",
+    "CrossAttentionSpec",
+    "SinkFullAttentionSpec",
+    "RSWASpec",
+    "MambaSpec",
+    "HiSparseHotSpec",
+    "HiSparseResidentSpec",
+    "UniformTypeKVCacheSpecs",
+    "KVQuantMode",
+    # canonical pages by hand (docs/canonical.md)
+    "register_canonical_layout",
+    "CanonicalRegistration",
+    # errors
+    "OffloadConfigError",
+    "ConfigFieldError",
+    "ConfigTypeError",
+    "MissingTransferConfigError",
+    "NoEligibleGroupsError",
+    "PrefixMatchUnitError",
     "StateAlignmentError",
     "TokensPerHashError",
-    "UniformTypeKVCacheSpecs",
+    "ChunkSizeError",
+    "ChunkMultipleError",
+    "NonUniformBlockSizeError",
+    "ChunkSizeOverflowError",
+    "ZeroChunkSizeError",
     "WindowSpecError",
-    "as_dtype",
-    "build_offloading_config",
-    "canonical_format_id",
-    "certify",
-    "coalesce_runs",
-    "derive_canonical_mappings",
-    "derive_layer_mappings",
-    "get_offloading_group_ids",
-    "get_sliding_window_size_in_chunks",
-    "group_kv_bytes_per_block",
-    "interleave_tokens",
-    "iter_layer_specs",
-    "kv_quant_mode_for",
-    "layer_mapping",
-    "layer_mapping_or_reason",
-    "opaque_fallback_mapping",
-    "rank_contexts",
-    "register_canonical_layout",
-    "resolve_dcp_kv_block_size",
-    "resolve_kv_cache_block_sizes",
-    "spec_certifiable",
-    "verify_tiling",
+    "CanonicalLayoutError",
 ]
+
+# Names this module exported before the split, now in the semi-public submodules. They
+# stay importable from here (no warning: our CI turns warnings into errors) so that code
+# written before keeps working; new code imports them from the submodule.
+_MOVED = {
+    "canonical": (
+        "ByteRegion",
+        "CANONICAL_FORMAT_VERSION",
+        "CanonicalPageMapping",
+        "CanonicalTilingError",
+        "CopyRun",
+        "KVTensorView",
+        "LayerCanonicalMappings",
+        "RankContext",
+        "canonical_format_id",
+        "coalesce_runs",
+        "derive_canonical_mappings",
+        "derive_layer_mappings",
+        "interleave_tokens",
+        "layer_mapping",
+        "layer_mapping_or_reason",
+        "opaque_fallback_mapping",
+        "rank_contexts",
+        "verify_tiling",
+    ),
+    "internals": (
+        "Certification",
+        "FrozenDict",
+        "as_dtype",
+        "certify",
+        "get_offloading_group_ids",
+        "get_sliding_window_size_in_chunks",
+        "group_kv_bytes_per_block",
+        "iter_layer_specs",
+        "kv_quant_mode_for",
+        "resolve_dcp_kv_block_size",
+        "resolve_kv_cache_block_sizes",
+        "spec_certifiable",
+    ),
+}
+_MOVED_FROM = {name: module for module, names in _MOVED.items() for name in names}
+
+
+def __getattr__(name: str) -> Any:
+    module = _MOVED_FROM.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)

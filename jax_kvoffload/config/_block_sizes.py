@@ -21,19 +21,22 @@ def resolve_kv_cache_block_sizes(kv_cache_config: Any, engine_config: Any) -> tu
     Quirk kept from vLLM: with one group the answer comes from `cache_config.block_size`
     (times DCP when the group is DCP-sharded), not from the group's spec.
     """
+    # Attributes are read in vLLM's order and only where vLLM reads them (its `and` /
+    # `or` chains short-circuit), so an engine object behaves as it does under vLLM.
     cache_config = engine_config.cache_config
     dcp = engine_config.parallel_config.decode_context_parallel_size
     groups = kv_cache_config.kv_cache_groups
-    block_hashing = (
-        cache_config.enable_prefix_caching or engine_config.kv_transfer_config is not None
-    )
 
     if len(groups) <= 1:
         if len(groups) == 1 and not groups[0].kv_cache_spec.dcp_sharded:
             dcp = 1
         bs = cache_config.block_size * dcp
         unit = cache_config.prefix_match_unit
-        if unit is not None and unit != bs and len(groups) == 1 and block_hashing:
+        if (
+            unit not in (None, bs)
+            and len(groups) == 1
+            and (cache_config.enable_prefix_caching or engine_config.kv_transfer_config is not None)
+        ):
             raise PrefixMatchUnitError(
                 f"Invalid prefix_match_unit={unit}; "
                 "with a single KV cache group, prefix-cache hits land on the "
@@ -45,7 +48,8 @@ def resolve_kv_cache_block_sizes(kv_cache_config: Any, engine_config: Any) -> tu
 
     sizes = [resolve_dcp_kv_block_size(g.kv_cache_spec, dcp) for g in groups]
     scheduler = math.lcm(*sizes)
-    if not block_hashing:
+    connector_enabled = engine_config.kv_transfer_config is not None
+    if not (cache_config.enable_prefix_caching or connector_enabled):
         return scheduler, scheduler
     layer_specs = [(g, s) for g in groups for s in iter_layer_specs(g.kv_cache_spec)]
     if any(isinstance(s, MambaSpec) and s.mamba_cache_mode != "align" for _, s in layer_specs):
@@ -61,7 +65,8 @@ def resolve_kv_cache_block_sizes(kv_cache_config: Any, engine_config: Any) -> tu
         raise PrefixMatchUnitError(
             f"Invalid prefix_match_unit={hash_size}; prefix-cacheable "
             "KV cache group block sizes must be divisible by prefix_match_unit. "
-            f"Got group block sizes={sizes}, prefix-cacheable={hashing}.",
+            f"Got group block sizes={sizes}, prefix-cacheable={hashing}. Unset it or use "
+            f"a divisor of them all, e.g. {math.gcd(*hashing)}.",
             prefix_match_unit=hash_size,
             block_sizes=tuple(sizes),
         )
@@ -84,7 +89,8 @@ def resolve_kv_cache_block_sizes(kv_cache_config: Any, engine_config: Any) -> tu
         raise StateAlignmentError(
             f"Invalid prefix_match_unit={hash_size}; prefix-cache boundaries "
             "must align with each spec's per-state compression. "
-            f"Got alignments={sorted(alignments)}.",
+            f"Got alignments={sorted(alignments)}. Use a prefix_match_unit (or block "
+            f"sizes) divisible by {math.lcm(*alignments)}.",
             alignment=hit_alignment,
             alignments=tuple(sorted(alignments)),
         )

@@ -1,19 +1,21 @@
 """The normalized offloading boundary: vLLM 0.33.0's `vllm/v1/kv_offload/config.py`.
 
 Same classes, same fields in the same order, same defaults (spec section 1). Differences,
-all in favour of use as JAX statics: `extra_config` is a read-only `FrozenDict` (vLLM holds
-the caller's dict itself), so every config is hashable; `to_dict()` / `from_dict()` give a
-JSON round trip.
+all in favour of use as JAX statics: fields are validated (types, and the sizes no engine
+runs with), and `extra_config` is a `FrozenDict` holding a private copy of the caller's
+mapping (vLLM holds the caller's dict itself), so every config is hashable while reads
+still return the lists and dicts vLLM's consumers check for; `to_dict()` / `from_dict()`
+give a JSON round trip.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import MISSING, dataclass, fields
 from typing import Any
 
 from jax_kvoffload.config import _validate as v
-from jax_kvoffload.config._errors import ConfigFieldError
+from jax_kvoffload.config._errors import ConfigFieldError, ConfigTypeError
 from jax_kvoffload.config._frozen import FrozenDict, thaw
 
 
@@ -34,10 +36,10 @@ class OffloadingGroupConfig:
     sliding_window_size_in_chunks: int | None = None
 
     def __post_init__(self) -> None:
-        v.check_int("tokens_per_block", self.tokens_per_block, minimum=1)
+        v.int_fields(self, "tokens_per_block", minimum=1)
         object.__setattr__(self, "layer_names", v.check_names("layer_names", self.layer_names))
-        v.check_int("group_id", self.group_id, minimum=0)
-        v.check_optional_int("sliding_window_size_in_chunks", self.sliding_window_size_in_chunks)
+        v.int_fields(self, "group_id", minimum=0)
+        v.optional_int_fields(self, "sliding_window_size_in_chunks", minimum=0)
 
 
 @dataclass(frozen=True)
@@ -49,9 +51,8 @@ class OffloadingModelConfig:
     max_model_len: int = 0
 
     def __post_init__(self) -> None:
-        v.check_str("name", self.name)
-        v.check_str("dtype", self.dtype)
-        v.check_int("max_model_len", self.max_model_len, minimum=0)
+        v.str_fields(self, "name", "dtype")
+        v.int_fields(self, "max_model_len", minimum=0)
 
 
 @dataclass(frozen=True)
@@ -68,8 +69,8 @@ class OffloadingCacheConfig:
     blocks_per_chunk: int
 
     def __post_init__(self) -> None:
-        v.check_int("tokens_per_hash", self.tokens_per_hash, minimum=1)
-        v.check_int("blocks_per_chunk", self.blocks_per_chunk, minimum=0)
+        v.int_fields(self, "tokens_per_hash", minimum=1)
+        v.int_fields(self, "blocks_per_chunk", minimum=0)
 
 
 @dataclass(frozen=True)
@@ -88,14 +89,11 @@ class OffloadingParallelConfig:
     is_parallelism_agnostic: bool
 
     def __post_init__(self) -> None:
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if f.name == "is_parallelism_agnostic":
-                v.check_bool(f.name, value)
-            elif f.name == "data_parallel_rank_local":
-                v.check_optional_int(f.name, value, minimum=0)
-            else:
-                v.check_int(f.name, value, minimum=0)
+        # >= 0, not >= 1: vLLM's own test doubles build scheduler configs with no workers.
+        sizes = ("world_size", "tp_size", "pp_size", "pcp_size", "dcp_size", "data_parallel_size")
+        v.int_fields(self, "rank", "data_parallel_index", *sizes, minimum=0)
+        v.optional_int_fields(self, "data_parallel_rank_local", minimum=0)
+        v.bool_fields(self, "is_parallelism_agnostic")
 
 
 @dataclass(frozen=True)
@@ -106,7 +104,8 @@ class OffloadingConfig:
       groups: the offloaded groups, in selection order.
       worker_kv_bytes_per_block: KV bytes one worker stores per block (all groups).
       enable_kv_cache_events: whether KV cache events are enabled.
-      extra_config: the connector's `kv_connector_extra_config`, read-only.
+      extra_config: the connector's `kv_connector_extra_config`: a `FrozenDict` copy;
+        every read returns fresh lists/dicts as the caller wrote them.
       engine_id: unique per DP rank.
       replicated_layout: every worker's bytes are identical per block (one host copy).
       canonical_layout: canonical per-layer host pages requested.
@@ -126,28 +125,21 @@ class OffloadingConfig:
     kv_cache_layout: str | None = None
 
     def __post_init__(self) -> None:
+        if isinstance(self.groups, (str, set, frozenset)) or not isinstance(self.groups, Iterable):
+            kind = type(self.groups).__name__
+            raise ConfigTypeError("groups", f"must be a tuple of OffloadingGroupConfig, got {kind}")
         groups = tuple(self.groups)
-        for g in groups:
-            if not isinstance(g, OffloadingGroupConfig):
-                raise TypeError(f"groups[] must be OffloadingGroupConfig, got {g!r}")
+        for i, g in enumerate(groups):
+            _check_type(f"groups[{i}]", g, OffloadingGroupConfig)
         object.__setattr__(self, "groups", groups)
-        v.check_int("worker_kv_bytes_per_block", self.worker_kv_bytes_per_block, minimum=0)
-        v.check_bool("enable_kv_cache_events", self.enable_kv_cache_events)
-        if not isinstance(self.extra_config, Mapping):
-            raise TypeError(f"extra_config must be a mapping, got {self.extra_config!r}")
+        v.int_fields(self, "worker_kv_bytes_per_block", minimum=0)
+        v.bool_fields(self, "enable_kv_cache_events", "replicated_layout", "canonical_layout")
         object.__setattr__(self, "extra_config", FrozenDict(self.extra_config))
-        v.check_str("engine_id", self.engine_id)
-        for name, cls in (
-            ("model", OffloadingModelConfig),
-            ("cache", OffloadingCacheConfig),
-            ("parallel", OffloadingParallelConfig),
-        ):
-            if not isinstance(getattr(self, name), cls):
-                raise TypeError(f"{name} must be {cls.__name__}, got {getattr(self, name)!r}")
-        v.check_bool("replicated_layout", self.replicated_layout)
-        v.check_bool("canonical_layout", self.canonical_layout)
-        if self.kv_cache_layout is not None:
-            v.check_str("kv_cache_layout", self.kv_cache_layout)
+        v.str_fields(self, "engine_id")
+        _check_type("model", self.model, OffloadingModelConfig)
+        _check_type("cache", self.cache, OffloadingCacheConfig)
+        _check_type("parallel", self.parallel, OffloadingParallelConfig)
+        v.optional_str_fields(self, "kv_cache_layout")
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (tuples become lists); `from_dict` inverts it."""
@@ -187,23 +179,30 @@ class OffloadingConfig:
         )
 
 
+def _check_type(field: str, value: object, cls: type) -> None:
+    if not isinstance(value, cls):
+        raise ConfigTypeError(field, f"must be a {cls.__name__}, got {type(value).__name__}")
+
+
 def _plain(obj: Any) -> dict[str, Any]:
     return {f.name: thaw(getattr(obj, f.name)) for f in fields(obj)}
 
 
 def _check_keys(cls: type, data: Mapping[str, Any], where: str) -> None:
     if not isinstance(data, Mapping):
-        raise TypeError(f"{where} must be a mapping, got {type(data).__name__}")
+        raise ConfigTypeError(where, f"must be a mapping (a dict), got {type(data).__name__}")
     known = {f.name for f in fields(cls)}
     required = {
         f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING
     }
     unknown = set(data) - known
     if unknown:
-        raise ConfigFieldError(where, f"unknown keys {sorted(unknown)}; known: {sorted(known)}")
+        raise ConfigFieldError(
+            where, f"unknown keys {sorted(map(str, unknown))}; use only {sorted(known)}"
+        )
     missing = required - set(data)
     if missing:
-        raise ConfigFieldError(where, f"missing keys {sorted(missing)}")
+        raise ConfigFieldError(where, f"missing keys {sorted(missing)}; add them")
 
 
 def _build(cls: type, data: Mapping[str, Any], where: str) -> Any:

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from jax_kvoffload.config._errors import ConfigFieldError
 from jax_kvoffload.config._specs import AttentionSpec
 
 
@@ -137,7 +138,7 @@ class KVTensorView:
         elif order == "hnd":
             strides = (page, block_size * e, e, 1)
         else:
-            raise ValueError(f"order={order!r} must be 'nhd' or 'hnd'")
+            raise ConfigFieldError("order", f"got {order!r}; use 'nhd' or 'hnd'")
         return cls((num_blocks, heads, block_size, e), strides, itemsize)
 
     @classmethod
@@ -157,7 +158,7 @@ class KVTensorView:
         elif order == "hnd":
             strides = (2 * half, half, head_size, block_size * head_size, 1)
         else:
-            raise ValueError(f"order={order!r} must be 'nhd' or 'hnd'")
+            raise ConfigFieldError("order", f"got {order!r}; use 'nhd' or 'hnd'")
         return cls((num_blocks, 2, block_size, heads, head_size), strides, itemsize)
 
 

@@ -28,13 +28,14 @@ from jax_kvoffload.config._engine import (
     ModelConfig,
     ParallelConfig,
 )
-from jax_kvoffload.config._errors import ConfigFieldError
+from jax_kvoffload.config._errors import ConfigFieldError, ConfigTypeError
 from jax_kvoffload.config._kv_cache import (
     KVCacheConfig,
     KVCacheGroupRole,
     KVCacheGroupSpec,
     KVCacheTensor,
 )
+from jax_kvoffload.config._validate import show
 
 SPEC_TYPES: dict[str, type[_specs.KVCacheSpec]] = {
     cls.__name__: cls
@@ -52,11 +53,20 @@ def _fields(cls: type) -> dict[str, dataclasses.Field]:
 
 def _build(cls: type, data: Any, path: str, convert: dict[str, Any] | None = None) -> Any:
     if not isinstance(data, Mapping):
-        raise ConfigFieldError(path, f"expected an object, got {type(data).__name__}")
+        raise ConfigFieldError(path, f"expected an object, got {_json_type(data)}")
     known = _fields(cls)
     unknown = sorted(set(data) - set(known))
     if unknown:
-        raise ConfigFieldError(path, f"unknown keys {unknown}; known: {sorted(known)}")
+        raise ConfigFieldError(path, f"unknown keys {unknown}; use only {sorted(known)}")
+    missing = sorted(
+        name
+        for name, f in known.items()
+        if f.default is dataclasses.MISSING
+        and f.default_factory is dataclasses.MISSING
+        and name not in data
+    )
+    if missing:
+        raise ConfigFieldError(path, f"missing keys {missing}; add them")
     kwargs = {}
     for name, value in data.items():
         where = f"{path}.{name}"
@@ -65,15 +75,21 @@ def _build(cls: type, data: Any, path: str, convert: dict[str, Any] | None = Non
         kwargs[name] = value
     try:
         return cls(**kwargs)
-    except ConfigFieldError as exc:
-        raise ConfigFieldError(f"{path}.{exc.field}", str(exc).split(": ", 1)[1]) from None
-    except TypeError as exc:
-        raise ConfigFieldError(path, str(exc)) from None
+    except (ConfigFieldError, ConfigTypeError) as exc:
+        message = str(exc).split(": ", 1)[1]
+        raise type(exc)(f"{path}.{exc.field}", message) from None
+
+
+def _json_type(value: Any) -> str:
+    names = {dict: "an object", list: "a list", str: "a string", bool: "a boolean"}
+    if value is None:
+        return "null"
+    return names.get(type(value), "a number")
 
 
 def _tuple(value: Any, path: str) -> tuple:
     if not isinstance(value, list):
-        raise ConfigFieldError(path, f"expected a list, got {type(value).__name__}")
+        raise ConfigFieldError(path, f"expected a list, got {_json_type(value)}")
     return tuple(value)
 
 
@@ -83,7 +99,9 @@ def _ratio(value: Any, path: str) -> Any:
         try:
             return Fraction(value)
         except ValueError:
-            raise ConfigFieldError(path, f"expected an int or 'p/q', got {value!r}") from None
+            raise ConfigFieldError(
+                path, f"expected an int or a fraction such as '1/2', got {show(value)}"
+            ) from None
     return value
 
 
@@ -91,10 +109,10 @@ def spec_from_dict(data: Any, path: str = "kv_cache_spec") -> _specs.KVCacheSpec
     if not isinstance(data, Mapping) or "type" not in data:
         raise ConfigFieldError(path, f'needs a "type", one of {sorted(SPEC_TYPES)}')
     kind = data["type"]
-    cls = SPEC_TYPES.get(kind)
+    cls = SPEC_TYPES.get(kind) if isinstance(kind, str) else None
     if cls is None:
         raise ConfigFieldError(
-            f"{path}.type", f"unknown spec {kind!r}; use one of {sorted(SPEC_TYPES)}"
+            f"{path}.type", f"unknown spec {show(kind)}; use one of {sorted(SPEC_TYPES)}"
         )
     body = {k: v for k, v in data.items() if k != "type"}
     return _build(
@@ -105,12 +123,17 @@ def spec_from_dict(data: Any, path: str = "kv_cache_spec") -> _specs.KVCacheSpec
             "shapes": lambda v, p: tuple(_tuple(s, p) for s in _tuple(v, p)),
             "dtypes": _tuple,
             "tokens_per_state": _ratio,
-            "kv_cache_specs": lambda v, p: {
-                name: spec_from_dict(inner, f"{p}.{name}")
-                for name, inner in (v.items() if isinstance(v, Mapping) else [])
-            },
+            "kv_cache_specs": _layer_specs,
         },
     )
+
+
+def _layer_specs(value: Any, path: str) -> dict[str, _specs.KVCacheSpec]:
+    if not isinstance(value, Mapping):
+        raise ConfigFieldError(
+            path, f"expected an object of layer -> spec, got {_json_type(value)}"
+        )
+    return {name: spec_from_dict(inner, f"{path}.{name}") for name, inner in value.items()}
 
 
 def kv_cache_config_from_dict(data: Any, path: str = "kv_cache") -> KVCacheConfig:
@@ -145,7 +168,7 @@ def _role(value: Any, path: str) -> KVCacheGroupRole:
         return KVCacheGroupRole(value)
     except ValueError:
         roles = [r.value for r in KVCacheGroupRole]
-        raise ConfigFieldError(path, f"unknown role {value!r}; use one of {roles}") from None
+        raise ConfigFieldError(path, f"unknown role {show(value)}; use one of {roles}") from None
 
 
 def engine_config_from_dict(data: Any, path: str = "engine") -> EngineConfig:
@@ -156,20 +179,86 @@ def engine_config_from_dict(data: Any, path: str = "engine") -> EngineConfig:
         "kv_transfer_config": lambda v, p: None if v is None else _build(KVTransferConfig, v, p),
         "kv_events_config": lambda v, p: None if v is None else _build(KVEventsConfig, v, p),
     }
-    if isinstance(data, Mapping) and "model_config" not in data:
-        raise ConfigFieldError(path, "missing keys ['model_config']")
     return _build(EngineConfig, data, path, sub)
 
 
+# A description is a few kilobytes; refusing big files keeps a mistyped path (a model
+# checkpoint) from being read into memory.
+MAX_FILE_BYTES = 1 << 20
+# JSON integers longer than this are no size of ours (int64 has 19 digits); Python would
+# refuse more than 4,300 digits anyway, with a message naming its own internals.
+_MAX_INT_DIGITS = 40
+_MAX_NESTING = 32
+
+
+class _BadNumber(Exception):
+    pass
+
+
+def _parse_int(text: str) -> int:
+    if len(text.lstrip("-")) > _MAX_INT_DIGITS:
+        raise _BadNumber(f"an integer of {len(text.lstrip('-'))} digits is too large")
+    return int(text)
+
+
+def _parse_constant(name: str) -> float:
+    raise _BadNumber(f"{name} is not a JSON number; use a finite number")
+
+
+def _depth(value: Any) -> int:
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        deepest = max(deepest, depth)
+        if isinstance(item, dict):
+            stack.extend((v, depth + 1) for v in item.values())
+        elif isinstance(item, list):
+            stack.extend((v, depth + 1) for v in item)
+    return deepest
+
+
 def load_description(path: str | Path) -> tuple[EngineConfig, KVCacheConfig]:
-    """Reads `{"engine": ..., "kv_cache": ...}` from a JSON file."""
+    """Reads `{"engine": ..., "kv_cache": ...}` from a JSON file.
+
+    Raises:
+      OSError: the file cannot be read (missing, a directory, no permission).
+      ConfigFieldError: anything wrong with its content, naming the place: not UTF-8,
+        not strict JSON (NaN and Infinity are refused), too large or too deep, or a
+        field the config classes refuse.
+      ConfigTypeError: a field of the wrong type.
+    """
+    where = str(path)
+    with open(path, "rb") as f:
+        raw = f.read(MAX_FILE_BYTES + 1)
+    if len(raw) > MAX_FILE_BYTES:
+        raise ConfigFieldError(
+            where, f"is larger than {MAX_FILE_BYTES} bytes; a description is a small JSON file"
+        )
     try:
-        data = json.loads(Path(path).read_text())
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigFieldError(
+            where,
+            f"is not UTF-8 text (byte {raw[exc.start]:#04x} at offset {exc.start}); "
+            "save it as UTF-8 JSON",
+        ) from None
+    try:
+        data = json.loads(text, parse_int=_parse_int, parse_constant=_parse_constant)
     except json.JSONDecodeError as exc:
-        raise ConfigFieldError(str(path), f"not valid JSON: {exc}") from None
+        raise ConfigFieldError(where, f"not valid JSON: {exc}") from None
+    except _BadNumber as exc:
+        raise ConfigFieldError(where, f"not valid JSON for a config: {exc}") from None
+    except RecursionError:
+        raise ConfigFieldError(
+            where, f"nests deeper than a description can (at most {_MAX_NESTING} levels)"
+        ) from None
+    if _depth(data) > _MAX_NESTING:
+        raise ConfigFieldError(
+            where, f"nests deeper than a description can (at most {_MAX_NESTING} levels)"
+        )
     if not isinstance(data, Mapping):
-        raise ConfigFieldError(str(path), "expected an object with 'engine' and 'kv_cache'")
+        raise ConfigFieldError(where, "expected an object with 'engine' and 'kv_cache'")
     missing = sorted({"engine", "kv_cache"} - set(data))
     if missing:
-        raise ConfigFieldError(str(path), f"missing keys {missing}")
+        raise ConfigFieldError(where, f"missing keys {missing}; add them")
     return engine_config_from_dict(data["engine"]), kv_cache_config_from_dict(data["kv_cache"])

@@ -9,7 +9,7 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 
-from jax_kvoffload.config._errors import ConfigFieldError
+from jax_kvoffload.config._errors import ConfigFieldError, ConfigTypeError
 
 # Short names used by vLLM's `cache_dtype` and by engines, mapped to numpy names.
 _ALIASES = {
@@ -40,29 +40,57 @@ _ML_DTYPES = {
 }
 
 
+# numpy kinds a KV cache can hold: floats and (un)signed integers. ml_dtypes' types
+# (bfloat16, fp8, int4) are kind "V" and are listed in _ML_DTYPES instead.
+_NUMERIC_KINDS = frozenset("fiu")
+_EXAMPLES = "'bfloat16', 'float16', 'float32', 'float8_e4m3fn', 'int8' or 'uint8'"
+
+
+def _checked(dtype: np.dtype, value: object, field: str) -> np.dtype:
+    # object, complex, bool, str, datetime and struct dtypes are no KV cache element.
+    if dtype.kind in _NUMERIC_KINDS or dtype in _ML_DTYPES.values():
+        return dtype
+    raise ConfigFieldError(
+        field,
+        f"{value!r} (numpy kind {dtype.kind!r}) is not a KV cache element type; use a "
+        f"float or integer dtype such as {_EXAMPLES}",
+    )
+
+
 def as_dtype(value: object, field: str = "dtype") -> np.dtype:
-    """Returns `value` as a numpy dtype, or raises a `ConfigFieldError` naming `field`."""
+    """Returns `value` as a numpy dtype, or raises a `ConfigFieldError` (an unknown or
+    non-numeric dtype) or `ConfigTypeError` (not a dtype at all) naming `field`.
+
+    Only float and integer types are dtypes here (bf16 and fp8 included); `object`,
+    `complex64`, `bool` and the like are refused.
+    """
     if isinstance(value, np.dtype):
-        return value
+        return _checked(value, value, field)
+    if type(value).__module__ == "torch":  # a torch.dtype, without importing torch
+        value = str(value)
     if isinstance(value, str):
         name = value.removeprefix("torch.")
         name = _ALIASES.get(name, name)
         if name in _ML_DTYPES:
             return _ML_DTYPES[name]
         try:
-            return np.dtype(name)
+            return _checked(np.dtype(name), value, field)
         except TypeError:
             raise ConfigFieldError(
                 field,
-                f"unknown dtype name {value!r}; use a numpy/JAX dtype or a name "
-                f"such as 'bfloat16', 'float16', 'float8_e4m3fn', 'uint8'",
+                f"unknown dtype name {value!r}; use a numpy/JAX dtype or a name such as "
+                f"{_EXAMPLES}",
             ) from None
     if isinstance(value, type) or hasattr(value, "dtype"):
         try:
-            return np.dtype(value)
+            dtype = np.dtype(value)  # type: ignore[call-overload]
         except TypeError:
             pass
-    raise ConfigFieldError(field, f"expected a dtype or dtype name, got {value!r}")
+        else:
+            return _checked(dtype, value, field)
+    raise ConfigTypeError(
+        field, f"expected a dtype or a dtype name, got {type(value).__name__}; use {_EXAMPLES}"
+    )
 
 
 def dtype_name(dtype: np.dtype) -> str:

@@ -16,9 +16,9 @@ import numpy as np
 
 from jax_kvoffload.config import _validate as v
 from jax_kvoffload.config._dtypes import as_dtype
-from jax_kvoffload.config._errors import ConfigFieldError
+from jax_kvoffload.config._errors import ConfigFieldError, ConfigTypeError
 from jax_kvoffload.config._frozen import FrozenDict
-from jax_kvoffload.config._kv_cache import layout_name
+from jax_kvoffload.config._kv_cache import KVCacheLayout
 
 EXECUTOR_BACKENDS = ("mp", "uni", "ray", "external_launcher")
 
@@ -43,8 +43,12 @@ _QUANT_CACHE_DTYPES = frozenset(
 
 @dataclass(frozen=True, kw_only=True)
 class ParallelConfig:
-    """Parallel layout of this worker. `world_size` defaults to PP x TP x PCP and the
-    executor backend to "mp" when world_size > 1 else "uni", as vLLM resolves them."""
+    """Parallel layout of this worker, with vLLM's validation and defaults.
+
+    `world_size` defaults to PP x TP x PCP (x DP for the "external_launcher" backend) and
+    the executor backend to "mp" when more than one process runs (counting DP) else
+    "uni", as vLLM resolves them. `nnodes_within_dp` is given here (vLLM derives it).
+    """
 
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
@@ -60,7 +64,8 @@ class ParallelConfig:
     cp_kv_cache_interleave_size: int = 1
 
     def __post_init__(self) -> None:
-        for name in (
+        v.int_fields(
+            self,
             "tensor_parallel_size",
             "pipeline_parallel_size",
             "prefill_context_parallel_size",
@@ -68,50 +73,80 @@ class ParallelConfig:
             "data_parallel_size",
             "nnodes_within_dp",
             "cp_kv_cache_interleave_size",
-        ):
-            v.check_int(name, getattr(self, name), minimum=1)
-        if self.tensor_parallel_size % self.decode_context_parallel_size:
-            raise ConfigFieldError(
-                "decode_context_parallel_size",
-                f"tensor_parallel_size={self.tensor_parallel_size} must be divisible by "
-                f"decode_context_parallel_size={self.decode_context_parallel_size} (vLLM's rule)",
-            )
+            minimum=1,
+        )
+        _check_dcp(
+            self.tensor_parallel_size,
+            self.prefill_context_parallel_size,
+            self.decode_context_parallel_size,
+        )
+        if self.distributed_executor_backend is not None:
+            v.str_fields(self, "distributed_executor_backend")
         if self.world_size is None:
             world = (
                 self.pipeline_parallel_size
                 * self.tensor_parallel_size
                 * self.prefill_context_parallel_size
             )
+            if self.distributed_executor_backend == "external_launcher":
+                world *= self.data_parallel_size
             object.__setattr__(self, "world_size", world)
-        v.check_int("world_size", self.world_size, minimum=1)
+        v.int_fields(self, "world_size", minimum=1)
         if self.distributed_executor_backend is None:
-            backend = "mp" if self.world_size > 1 else "uni"
-            object.__setattr__(self, "distributed_executor_backend", backend)
+            # vLLM: "mp" when the processes across DP are several, "uni" for one.
+            several = self.world_size * self.data_parallel_size > 1
+            object.__setattr__(self, "distributed_executor_backend", "mp" if several else "uni")
         backend = self.distributed_executor_backend
         # "class:<name>" stands for an Executor class passed to vLLM instead of a name.
-        if backend not in EXECUTOR_BACKENDS and not str(backend).startswith("class:"):
+        if backend not in EXECUTOR_BACKENDS and not backend.startswith("class:"):
             raise ConfigFieldError(
                 "distributed_executor_backend",
-                f"must be one of {EXECUTOR_BACKENDS} or 'class:<name>', got {backend!r}",
+                f"got {v.show(backend)}; use one of {EXECUTOR_BACKENDS} or 'class:<name>'",
             )
-        v.check_int("rank", self.rank, minimum=0)
+        v.int_fields(self, "rank", "data_parallel_index", minimum=0)
         if self.rank >= self.world_size:
             raise ConfigFieldError(
-                "rank", f"{self.rank} is not in [0, world_size={self.world_size})"
+                "rank",
+                f"{self.rank} is not in [0, world_size={self.world_size}); "
+                f"use 0..{self.world_size - 1}",
             )
-        v.check_int("data_parallel_index", self.data_parallel_index, minimum=0)
         if self.data_parallel_index >= self.data_parallel_size:
             raise ConfigFieldError(
                 "data_parallel_index",
                 f"{self.data_parallel_index} is not in "
-                f"[0, data_parallel_size={self.data_parallel_size})",
+                f"[0, data_parallel_size={self.data_parallel_size}); "
+                f"use 0..{self.data_parallel_size - 1}",
             )
-        v.check_optional_int("data_parallel_rank_local", self.data_parallel_rank_local, minimum=0)
+        v.optional_int_fields(self, "data_parallel_rank_local", minimum=0)
+
+
+def _check_dcp(tp: int, pcp: int, dcp: int) -> None:
+    # vLLM's ParallelConfig._validate_parallel_config: without PCP, DCP reuses the TP
+    # ranks (tp % dcp == 0); with PCP, DCP is off, spans PCP, or spans TP x PCP.
+    if pcp == 1:
+        if tp % dcp:
+            valid = [d for d in range(1, tp + 1) if tp % d == 0]
+            raise ConfigFieldError(
+                "decode_context_parallel_size",
+                f"tensor_parallel_size={tp} must be divisible by "
+                f"decode_context_parallel_size={dcp} (vLLM's rule); use one of {valid}",
+            )
+    elif dcp not in (1, pcp, tp * pcp):
+        raise ConfigFieldError(
+            "decode_context_parallel_size",
+            f"{dcp} with prefill_context_parallel_size={pcp} and tensor_parallel_size={tp}: "
+            "with PCP, DCP must be disabled, span the PCP axis or span TP x PCP (vLLM's "
+            f"rule); use one of {sorted({1, pcp, tp * pcp})}",
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
 class ModelConfig:
-    """What the translation reads of the model."""
+    """What the translation reads of the model.
+
+    `total_num_kv_heads` may be 0: attention-free models (and some hybrids) report 0,
+    and the translation reads the count only on the paths that need it, as vLLM does.
+    """
 
     model: str
     dtype: np.dtype
@@ -120,11 +155,10 @@ class ModelConfig:
     max_model_len: int = 0
 
     def __post_init__(self) -> None:
-        v.check_str("model", self.model)
+        v.str_fields(self, "model")
         object.__setattr__(self, "dtype", as_dtype(self.dtype, "dtype"))
-        v.check_int("total_num_kv_heads", self.total_num_kv_heads, minimum=1)
-        v.check_bool("use_mla", self.use_mla)
-        v.check_int("max_model_len", self.max_model_len, minimum=0)
+        v.int_fields(self, "total_num_kv_heads", "max_model_len", minimum=0)
+        v.bool_fields(self, "use_mla")
 
     def get_total_num_kv_heads(self) -> int:
         return self.total_num_kv_heads
@@ -142,7 +176,11 @@ def _cache_dtype_name(value: object) -> str:
 
 @dataclass(frozen=True, kw_only=True)
 class CacheConfig:
-    """Block size, cache dtype and prefix-caching settings of the engine."""
+    """Block size, cache dtype and prefix-caching settings of the engine.
+
+    `kv_cache_layout` is copied into the `OffloadingConfig` as given, like vLLM's (a
+    `KVCacheLayout` member is taken by its name); nothing here interprets it.
+    """
 
     block_size: int = 16
     cache_dtype: str = "auto"
@@ -151,11 +189,13 @@ class CacheConfig:
     kv_cache_layout: str | None = None
 
     def __post_init__(self) -> None:
-        v.check_int("block_size", self.block_size, minimum=1)
+        v.int_fields(self, "block_size", minimum=1)
         object.__setattr__(self, "cache_dtype", _cache_dtype_name(self.cache_dtype))
-        v.check_bool("enable_prefix_caching", self.enable_prefix_caching)
-        v.check_optional_int("prefix_match_unit", self.prefix_match_unit, minimum=1)
-        object.__setattr__(self, "kv_cache_layout", layout_name(self.kv_cache_layout))
+        v.bool_fields(self, "enable_prefix_caching")
+        v.optional_int_fields(self, "prefix_match_unit", minimum=1)
+        if isinstance(self.kv_cache_layout, KVCacheLayout):
+            object.__setattr__(self, "kv_cache_layout", self.kv_cache_layout.name)
+        v.optional_str_fields(self, "kv_cache_layout")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -171,21 +211,20 @@ class KVTransferConfig:
     engine_id: str | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.kv_connector_extra_config, Mapping):
-            raise TypeError(
-                "kv_connector_extra_config must be a mapping, got "
-                f"{type(self.kv_connector_extra_config).__name__}"
-            )
-        extra = FrozenDict(self.kv_connector_extra_config)
+        v.str_fields(self, "kv_connector", "kv_role")
+        extra = FrozenDict(self.kv_connector_extra_config, name="kv_connector_extra_config")
         object.__setattr__(self, "kv_connector_extra_config", extra)
         if self.engine_id is None:
             object.__setattr__(self, "engine_id", str(uuid.uuid4()))
-        v.check_str("engine_id", self.engine_id)
+        v.str_fields(self, "engine_id")
 
 
 @dataclass(frozen=True, kw_only=True)
 class KVEventsConfig:
     enable_kv_cache_events: bool = False
+
+    def __post_init__(self) -> None:
+        v.bool_fields(self, "enable_kv_cache_events")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -200,11 +239,17 @@ class EngineConfig:
     use_v2_model_runner: bool = False
 
     def __post_init__(self) -> None:
-        for name, cls in (
-            ("model_config", ModelConfig),
-            ("cache_config", CacheConfig),
-            ("parallel_config", ParallelConfig),
+        for name, cls, optional in (
+            ("model_config", ModelConfig, False),
+            ("cache_config", CacheConfig, False),
+            ("parallel_config", ParallelConfig, False),
+            ("kv_transfer_config", KVTransferConfig, True),
+            ("kv_events_config", KVEventsConfig, True),
         ):
-            if not isinstance(getattr(self, name), cls):
-                raise TypeError(f"{name} must be a {cls.__name__}, got {getattr(self, name)!r}")
-        v.check_bool("use_v2_model_runner", self.use_v2_model_runner)
+            value = getattr(self, name)
+            if not isinstance(value, cls) and not (optional and value is None):
+                none = " or None" if optional else ""
+                raise ConfigTypeError(
+                    name, f"must be a {cls.__name__}{none}, got {type(value).__name__}"
+                )
+        v.bool_fields(self, "use_v2_model_runner")

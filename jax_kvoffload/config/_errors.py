@@ -1,10 +1,14 @@
 """Typed errors of the offloading boundary.
 
-vLLM's `build_offloading_config` signals bad input with `ValueError` and, in several
-places, with `assert`. Every such condition raises one of these classes instead: all
-subclass `ValueError` (so code written against vLLM's ValueErrors keeps working), carry
-the numbers involved as attributes, and keep vLLM's wording so that messages can be
-searched for in vLLM's issues.
+vLLM's `build_offloading_config` signals bad input with `ValueError`, with `TypeError`
+(Python's `int()` on a list), and in several places with `assert`. Each condition raises
+one of these classes instead, in the builtin family vLLM raises: a `ValueError` where
+vLLM raises `ValueError` or asserts, a `TypeError` (`ConfigTypeError`) where it raises
+`TypeError`, and `OverflowError` / `ZeroDivisionError` subclasses of `ChunkSizeError`
+where Python's arithmetic raises those inside vLLM. Code written against vLLM's
+exceptions keeps working; every class derives from the library root `KVOffloadError`,
+carries the numbers involved as attributes, and keeps vLLM's wording so that messages
+can be searched for in vLLM's issues.
 """
 
 from __future__ import annotations
@@ -45,6 +49,18 @@ class ConfigFieldError(OffloadConfigError):
         self.field = field
 
 
+class ConfigTypeError(KVOffloadTypeError):
+    """A config input has the wrong type; `field` names it (a `TypeError`).
+
+    Raised by the config constructors and, as Python's `int()` does, for a list, dict or
+    other non-number where `kv_connector_extra_config` needs an integer.
+    """
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
 class MissingTransferConfigError(OffloadConfigError):
     """No KV transfer config, or one without an engine id (vLLM asserts)."""
 
@@ -53,7 +69,12 @@ class NoEligibleGroupsError(OffloadConfigError):
     """No KV cache group can be offloaded (vLLM: ValueError)."""
 
     def __init__(self) -> None:
-        super().__init__("KV offloading found no eligible cache groups.")
+        super().__init__(
+            "KV offloading found no eligible cache groups. A group is offloaded when it "
+            "allows KV transfer (enable_kv_transfer=True) and its spec is prefix-cacheable "
+            "(not a circular buffer, bounded-replay or HiSparse spec); with HiSparse "
+            "(hisparse_host_num_blocks set), only groups with role HISPARSE_INDEXER are."
+        )
 
 
 class PrefixMatchUnitError(OffloadConfigError):
@@ -91,6 +112,16 @@ class TokensPerHashError(OffloadConfigError):
 
 class ChunkSizeError(OffloadConfigError):
     """`block_size` / `blocks_per_chunk` in the extra config are inconsistent."""
+
+
+class ChunkSizeOverflowError(ChunkSizeError, OverflowError):
+    """A chunk option is an infinite float: vLLM's `int()` raises `OverflowError` there,
+    so this is one too (and a `ChunkSizeError`)."""
+
+
+class ZeroChunkSizeError(ChunkSizeError, ZeroDivisionError):
+    """`block_size: 0` gave 0 tokens per chunk and a window group needs to divide by it;
+    vLLM divides by zero there, so this is a `ZeroDivisionError` too."""
 
 
 class NonUniformBlockSizeError(ChunkSizeError):

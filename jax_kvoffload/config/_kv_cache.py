@@ -7,10 +7,11 @@ Mirrors `KVCacheTensor`, `KVCacheGroupSpec`, `KVCacheConfig` and `KVCacheLayout`
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from jax_kvoffload.config import _validate as v
-from jax_kvoffload.config._errors import ConfigFieldError
+from jax_kvoffload.config._errors import ConfigFieldError, ConfigTypeError
 from jax_kvoffload.config._specs import KVCacheSpec
 
 
@@ -26,26 +27,26 @@ class KVCacheLayout(enum.Enum):
     BHLNC = (1, 2, 0, 3, 4)
 
 
-# Legacy names vLLM's CacheConfig still accepts.
-_LEGACY_LAYOUTS = {"NHD": "LBNHC", "HND": "LBHNC"}
-
-
 def layout_name(value: object, field: str = "kv_cache_layout") -> str | None:
-    """A `KVCacheLayout` member name from a member, a name or a legacy alias; None stays."""
-    if value is None:
-        return None
+    """A layout as the config keeps it: None, a str as given (vLLM copies it through
+    without interpreting it), or a `KVCacheLayout` member's name."""
     if isinstance(value, KVCacheLayout):
         return value.name
-    name = getattr(value, "name", value)
-    if isinstance(name, str):
-        name = _LEGACY_LAYOUTS.get(name, name)
-        if name in KVCacheLayout.__members__:
-            return name
-    raise ConfigFieldError(
-        field,
-        f"unknown layout {value!r}; use one of {sorted(KVCacheLayout.__members__)} "
-        "or the legacy 'NHD' / 'HND'",
-    )
+    return v.check_optional_str(field, value)
+
+
+def _items(field: str, value: object, cls: type) -> tuple:
+    if isinstance(value, (str, set, frozenset, Mapping)) or not isinstance(value, Iterable):
+        raise ConfigTypeError(
+            field, f"must be a list or tuple of {cls.__name__}, got {type(value).__name__}"
+        )
+    items = tuple(value)
+    for i, item in enumerate(items):
+        if not isinstance(item, cls):
+            raise ConfigTypeError(
+                f"{field}[{i}]", f"must be a {cls.__name__}, got {type(item).__name__}"
+            )
+    return items
 
 
 class KVCacheGroupRole(str, enum.Enum):
@@ -70,12 +71,9 @@ class KVCacheTensor:
     host_resident: bool = False
 
     def __post_init__(self) -> None:
-        v.check_int("size", self.size, minimum=0)
+        v.int_fields(self, "size", "layer_stride", "block_stride", "offset", minimum=0)
         object.__setattr__(self, "layers", v.check_names("layers", self.layers))
-        v.check_int("layer_stride", self.layer_stride, minimum=0)
-        v.check_int("block_stride", self.block_stride, minimum=0)
-        v.check_int("offset", self.offset, minimum=0)
-        v.check_bool("host_resident", self.host_resident)
+        v.bool_fields(self, "host_resident")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -92,10 +90,17 @@ class KVCacheGroupSpec:
     def __post_init__(self) -> None:
         object.__setattr__(self, "layer_names", v.check_names("layer_names", self.layer_names))
         if not isinstance(self.kv_cache_spec, KVCacheSpec):
-            raise TypeError(f"kv_cache_spec must be a KVCacheSpec, got {self.kv_cache_spec!r}")
-        for name in ("is_eagle_group", "host_resident", "enable_kv_transfer"):
-            v.check_bool(name, getattr(self, name))
-        object.__setattr__(self, "role", KVCacheGroupRole(self.role))
+            raise ConfigTypeError(
+                "kv_cache_spec",
+                f"must be a KVCacheSpec (e.g. FullAttentionSpec), got "
+                f"{type(self.kv_cache_spec).__name__}",
+            )
+        v.bool_fields(self, "is_eagle_group", "host_resident", "enable_kv_transfer")
+        try:
+            object.__setattr__(self, "role", KVCacheGroupRole(self.role))
+        except ValueError:
+            roles = [r.value for r in KVCacheGroupRole]
+            raise ConfigFieldError("role", f"got {v.show(self.role)}; use one of {roles}") from None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -116,22 +121,24 @@ class KVCacheConfig:
     """Consecutive TP ranks holding identical KV for every layer."""
 
     def __post_init__(self) -> None:
-        v.check_int("num_blocks", self.num_blocks, minimum=0)
-        tensors = tuple(self.kv_cache_tensors)
-        groups = tuple(self.kv_cache_groups)
-        for t in tensors:
-            if not isinstance(t, KVCacheTensor):
-                raise TypeError(f"kv_cache_tensors[] must be KVCacheTensor, got {t!r}")
-        for g in groups:
-            if not isinstance(g, KVCacheGroupSpec):
-                raise TypeError(f"kv_cache_groups[] must be KVCacheGroupSpec, got {g!r}")
+        v.int_fields(self, "num_blocks", minimum=0)
+        tensors = _items("kv_cache_tensors", self.kv_cache_tensors, KVCacheTensor)
+        groups = _items("kv_cache_groups", self.kv_cache_groups, KVCacheGroupSpec)
         object.__setattr__(self, "kv_cache_tensors", tensors)
         object.__setattr__(self, "kv_cache_groups", groups)
         object.__setattr__(self, "kv_cache_layout", layout_name(self.kv_cache_layout))
-        v.check_optional_int("hash_block_size", self.hash_block_size, minimum=1)
-        v.check_optional_int("hisparse_host_num_blocks", self.hisparse_host_num_blocks, minimum=0)
-        v.check_bool("hisparse_shared_host_pool", self.hisparse_shared_host_pool)
-        v.check_int("kv_tp_replicas", self.kv_tp_replicas, minimum=1)
+        v.optional_int_fields(
+            self,
+            "prefix_cache_retention_interval",
+            "hash_block_size",
+            "cache_hit_alignment_tokens",
+            minimum=1,
+        )
+        v.optional_int_fields(
+            self, "hisparse_host_num_blocks", "hisparse_host_block_stride", minimum=0
+        )
+        v.bool_fields(self, "hisparse_shared_host_pool")
+        v.int_fields(self, "kv_tp_replicas", minimum=1)
 
     @property
     def transfer_group_ids(self) -> tuple[int, ...]:

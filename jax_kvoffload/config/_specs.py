@@ -10,15 +10,16 @@ from __future__ import annotations
 
 import abc
 import enum
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
+from typing import Any
 
 import numpy as np
 
 from jax_kvoffload.config import _validate as v
 from jax_kvoffload.config._dtypes import as_dtype
-from jax_kvoffload.config._errors import ConfigFieldError
+from jax_kvoffload.config._errors import ConfigFieldError, ConfigTypeError
 from jax_kvoffload.config._frozen import FrozenDict
 
 
@@ -61,9 +62,9 @@ _PER_TOKEN_HEAD = frozenset(
 )
 
 
-def _check_padding(spec: KVCacheSpec) -> None:
-    # vLLM asserts page_size_padded >= the real page; say which sizes and the fix.
-    v.check_optional_int("page_size_padded", spec.page_size_padded, minimum=1)
+def _check_padding(spec: Any) -> None:
+    # vLLM asserts page_size_padded >= the real page (when the page size is read); say
+    # which sizes and the fix.
     if spec.page_size_padded is not None and spec.page_size_padded < spec.real_page_size_bytes:
         raise ConfigFieldError(
             "page_size_padded",
@@ -84,12 +85,34 @@ def kv_quant_mode_for(cache_dtype: str) -> KVQuantMode:
         try:
             return KVQuantMode[cache_dtype.upper()]
         except KeyError:
-            raise ConfigFieldError("cache_dtype", f"unknown quantisation {cache_dtype!r}") from None
+            known = sorted(
+                m.name.lower() for m in KVQuantMode if m.name.startswith(("TURBO", "OCT"))
+            )
+            raise ConfigFieldError(
+                "cache_dtype", f"unknown quantisation {cache_dtype!r}; use one of {known}"
+            ) from None
     if cache_dtype == "ultraquant_4bit":
         return KVQuantMode.ULTRAQUANT_4BIT
     if cache_dtype.startswith("fp8"):
         return KVQuantMode.FP8_PER_TENSOR
     return KVQuantMode.NONE
+
+
+def _quant_mode(value: object) -> KVQuantMode:
+    if not v.is_int(value):
+        raise ConfigTypeError("kv_quant_mode", f"must be a KVQuantMode, got {type(value).__name__}")
+    try:
+        return KVQuantMode(int(value))  # type: ignore[call-overload]
+    except ValueError:
+        raise ConfigFieldError(
+            "kv_quant_mode", f"{v.show(value)} is no KVQuantMode; use e.g. KVQuantMode.NONE"
+        ) from None
+
+
+def _sequence(field: str, value: object) -> tuple:
+    if isinstance(value, (str, set, frozenset, Mapping)) or not isinstance(value, Iterable):
+        raise ConfigTypeError(field, f"must be a tuple, got {type(value).__name__}")
+    return tuple(value)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -102,9 +125,9 @@ class KVCacheSpec(abc.ABC):
     is_draft: bool = field(default=False, compare=False)
 
     def __post_init__(self) -> None:
-        v.check_int("block_size", self.block_size, minimum=1)
-        v.check_bool("dcp_sharded", self.dcp_sharded)
-        v.check_optional_int("block_stride_alignment", self.block_stride_alignment, minimum=1)
+        v.int_fields(self, "block_size", minimum=1)
+        v.bool_fields(self, "dcp_sharded", "is_draft")
+        v.optional_int_fields(self, "block_stride_alignment", minimum=1)
 
     @property
     def prefix_cacheable(self) -> bool:
@@ -125,6 +148,7 @@ class _PaddedPage:
     @property
     def page_size_bytes(self) -> int:
         if self.page_size_padded is not None:
+            _check_padding(self)
             return self.page_size_padded
         return self.real_page_size_bytes
 
@@ -147,16 +171,18 @@ class AttentionSpec(_PaddedPage, KVCacheSpec):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        v.check_int("num_kv_heads", self.num_kv_heads, minimum=1)
-        v.check_int("head_size", self.head_size, minimum=0)
+        v.int_fields(self, "num_kv_heads", minimum=1)
+        v.int_fields(self, "head_size", minimum=0)
         object.__setattr__(self, "dtype", as_dtype(self.dtype))
         if self.head_size_v is None:
             object.__setattr__(self, "head_size_v", self.head_size)
-        v.check_int("head_size_v", self.head_size_v, minimum=0)
-        object.__setattr__(self, "kv_quant_mode", KVQuantMode(self.kv_quant_mode))
-        v.check_optional_int("num_head_slots", self.num_head_slots, minimum=1)
-        v.check_optional_int("state_content_bytes", self.state_content_bytes, minimum=1)
-        v.check_ratio("tokens_per_state", self.tokens_per_state)
+        v.int_fields(self, "head_size_v", minimum=0)
+        object.__setattr__(self, "kv_quant_mode", _quant_mode(self.kv_quant_mode))
+        v.optional_int_fields(self, "max_tp_shards", "num_head_slots", minimum=1)
+        v.optional_int_fields(self, "state_content_bytes", "page_size_padded", minimum=1)
+        object.__setattr__(
+            self, "tokens_per_state", v.check_ratio("tokens_per_state", self.tokens_per_state)
+        )
         _check_padding(self)
 
     @property
@@ -188,10 +214,16 @@ class FullAttentionSpec(AttentionSpec):
     attention_chunk_size: int | None = None
     non_causal: bool = False
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        v.optional_int_fields(self, "sliding_window", "attention_chunk_size", minimum=1)
+        v.bool_fields(self, "non_causal")
+
 
 def _pad_to_alignment(spec: AttentionSpec, alignment: int | None) -> None:
     # vLLM's MLA post-init: pad the page up to `alignment` when that changes its size.
-    v.check_optional_int("alignment", alignment, minimum=1)
+    v.optional_int_fields(spec, "alignment", minimum=1)
+    alignment = spec.alignment  # type: ignore[attr-defined]
     if alignment is not None:
         padded = round_up(spec.real_page_size_bytes, alignment)
         if padded != spec.real_page_size_bytes:
@@ -214,6 +246,10 @@ class MLAAttentionSpec(FullAttentionSpec):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        v.optional_str_fields(self, "cache_dtype_str", "model_version")
+        v.optional_int_fields(self, "topk_buffer_width", minimum=1)
+        v.str_fields(self, "cache_role")
+        v.bool_fields(self, "is_index_group_leader", "non_causal_multi_token_decode")
         _pad_to_alignment(self, self.alignment)
 
 
@@ -231,8 +267,8 @@ class SlidingWindowSpec(AttentionSpec):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        v.check_int("sliding_window", self.sliding_window, minimum=1)
-        v.check_int("extra_retained_tokens", self.extra_retained_tokens, minimum=0)
+        v.int_fields(self, "sliding_window", minimum=1)
+        v.int_fields(self, "extra_retained_tokens", minimum=0)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -248,6 +284,8 @@ class SlidingWindowMLASpec(SlidingWindowSpec):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        v.optional_str_fields(self, "cache_dtype_str", "model_version")
+        v.bool_fields(self, "bounded_replay")
         if self.model_version not in (None, "deepseek_v4"):
             raise ConfigFieldError(
                 "model_version", f"must be None or 'deepseek_v4', got {self.model_version!r}"
@@ -267,7 +305,7 @@ class ChunkedLocalAttentionSpec(AttentionSpec):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        v.check_int("attention_chunk_size", self.attention_chunk_size, minimum=1)
+        v.int_fields(self, "attention_chunk_size", minimum=1)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -295,12 +333,20 @@ class SinkFullAttentionSpec(FullAttentionSpec):
 
     sink_len: int | None = None
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        v.optional_int_fields(self, "sink_len", minimum=0)
+
 
 @dataclass(frozen=True, kw_only=True)
 class RSWASpec(FullAttentionSpec):
     """Full attention with a recorded `rswa_window`."""
 
     rswa_window: int | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        v.optional_int_fields(self, "rswa_window", minimum=1)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -321,8 +367,16 @@ class MambaSpec(_PaddedPage, KVCacheSpec):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        shapes = tuple(tuple(v.check_int("shapes[]", d, minimum=0) for d in s) for s in self.shapes)
-        dtypes = tuple(as_dtype(d, "dtypes[]") for d in self.dtypes)
+        shapes = tuple(
+            tuple(
+                v.check_int(f"shapes[{i}][{j}]", d, minimum=0)
+                for j, d in enumerate(_sequence(f"shapes[{i}]", shape))
+            )
+            for i, shape in enumerate(_sequence("shapes", self.shapes))
+        )
+        dtypes = tuple(
+            as_dtype(d, f"dtypes[{i}]") for i, d in enumerate(_sequence("dtypes", self.dtypes))
+        )
         if len(shapes) != len(dtypes):
             raise ConfigFieldError(
                 "dtypes", f"has {len(dtypes)} entries but shapes has {len(shapes)}"
@@ -332,8 +386,13 @@ class MambaSpec(_PaddedPage, KVCacheSpec):
         if self.mamba_cache_mode not in ("none", "align", "all"):
             raise ConfigFieldError(
                 "mamba_cache_mode",
-                f"must be 'none', 'align' or 'all', got {self.mamba_cache_mode!r}",
+                f"must be 'none', 'align' or 'all', got {v.show(self.mamba_cache_mode)}",
             )
+        v.str_fields(self, "mamba_type")
+        v.optional_int_fields(self, "page_size_padded", "prefill_checkpoint_alignment", minimum=1)
+        v.int_fields(self, "num_speculative_blocks", "num_prefill_checkpoint_blocks", minimum=0)
+        v.int_fields(self, "num_heads", "tokens_per_state")
+        v.bool_fields(self, "tp_replicated")
         _check_padding(self)
 
     @property
@@ -350,7 +409,7 @@ class _HiSparseSpec(KVCacheSpec):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        v.check_int("page_size", self.page_size, minimum=1)
+        v.int_fields(self, "page_size", minimum=1)
 
     @property
     def prefix_cacheable(self) -> bool:
@@ -371,6 +430,10 @@ class HiSparseHotSpec(_HiSparseSpec):
 
     blocks_per_request: int | None = None
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        v.optional_int_fields(self, "blocks_per_request", minimum=0)
+
 
 @dataclass(frozen=True, kw_only=True)
 class HiSparseResidentSpec(_HiSparseSpec):
@@ -389,12 +452,21 @@ class UniformTypeKVCacheSpecs(KVCacheSpec):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not isinstance(self.kv_cache_specs, Mapping) or not self.kv_cache_specs:
-            raise ConfigFieldError("kv_cache_specs", "must be a non-empty mapping of layer -> spec")
+        if not isinstance(self.kv_cache_specs, Mapping):
+            raise ConfigTypeError(
+                "kv_cache_specs",
+                f"must be a dict of layer name -> spec, got {type(self.kv_cache_specs).__name__}",
+            )
+        if not self.kv_cache_specs:
+            raise ConfigFieldError("kv_cache_specs", "is empty; give one spec per layer")
         for name, spec in self.kv_cache_specs.items():
             if not isinstance(spec, KVCacheSpec) or isinstance(spec, UniformTypeKVCacheSpecs):
-                raise TypeError(f"kv_cache_specs[{name!r}] must be a per-layer spec, got {spec!r}")
-        object.__setattr__(self, "kv_cache_specs", FrozenDict(self.kv_cache_specs))
+                raise ConfigTypeError(
+                    f"kv_cache_specs[{name!r}]",
+                    f"must be a per-layer spec (not a wrapper), got {type(spec).__name__}",
+                )
+        specs = FrozenDict(self.kv_cache_specs, name="kv_cache_specs")
+        object.__setattr__(self, "kv_cache_specs", specs)
         first = next(iter(self.kv_cache_specs.values()))
         object.__setattr__(self, "dcp_sharded", first.dcp_sharded)
 

@@ -10,6 +10,7 @@ Inputs are read by attribute only, with vLLM's attribute names: this module's ow
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -28,11 +29,15 @@ from jax_kvoffload.config._boundary import (
 from jax_kvoffload.config._errors import (
     ChunkMultipleError,
     ChunkSizeError,
+    ChunkSizeOverflowError,
+    ConfigFieldError,
+    ConfigTypeError,
     MissingTransferConfigError,
     NoEligibleGroupsError,
     NonUniformBlockSizeError,
     TokensPerHashError,
     WindowSpecError,
+    ZeroChunkSizeError,
 )
 from jax_kvoffload.config._gates import (
     Verdict,
@@ -54,6 +59,7 @@ from jax_kvoffload.config._specs import (
     iter_layer_specs,
     round_up,
 )
+from jax_kvoffload.config._validate import show
 
 
 def cdiv(a: int, b: int) -> int:
@@ -76,7 +82,10 @@ def get_sliding_window_size_in_chunks(spec: KVCacheSpec, tokens_per_chunk: int) 
     if isinstance(spec, SlidingWindowSpec):
         window = spec.sliding_window
         if window <= 0:
-            raise WindowSpecError(f"sliding_window must be positive, got {window}")
+            raise WindowSpecError(
+                f"sliding_window must be positive, got {window} ({type(spec).__name__}); "
+                "give the model's window in tokens (vLLM asserts here)"
+            )
         _check_chunk_tokens(tokens_per_chunk)
         return max(
             cdiv(window, tokens_per_chunk),
@@ -85,7 +94,8 @@ def get_sliding_window_size_in_chunks(spec: KVCacheSpec, tokens_per_chunk: int) 
     if isinstance(spec, ChunkedLocalAttentionSpec):
         if spec.attention_chunk_size <= 0:
             raise WindowSpecError(
-                f"attention_chunk_size must be positive, got {spec.attention_chunk_size}"
+                f"attention_chunk_size must be positive, got {spec.attention_chunk_size}; "
+                "give the model's attention chunk in tokens (vLLM asserts here)"
             )
         _check_chunk_tokens(tokens_per_chunk)
         return cdiv(spec.attention_chunk_size, tokens_per_chunk)
@@ -95,17 +105,19 @@ def get_sliding_window_size_in_chunks(spec: KVCacheSpec, tokens_per_chunk: int) 
         raise WindowSpecError(
             f"cannot offload a group of {type(spec).__name__}: only full attention, "
             "sliding window, chunked local attention and Mamba groups have a defined "
-            "window (vLLM asserts here)"
+            "window (vLLM asserts here); set enable_kv_transfer=False on that group"
         )
     return None
 
 
 def _check_chunk_tokens(tokens_per_chunk: int) -> None:
-    # vLLM divides by zero here after `block_size: 0`; say what happened instead.
-    if tokens_per_chunk <= 0:
-        raise ChunkSizeError(
-            f"a window group needs a positive chunk size, got {tokens_per_chunk} tokens "
-            "per chunk (from 'block_size': 0 in kv_connector_extra_config)"
+    # vLLM divides by zero here after `block_size: 0`; say what happened instead (still a
+    # ZeroDivisionError, so code that caught vLLM's keeps working).
+    if tokens_per_chunk == 0:
+        raise ZeroChunkSizeError(
+            "a sliding-window or chunked-local group needs a positive chunk size, got 0 "
+            "tokens per chunk (from 'block_size': 0 in kv_connector_extra_config); set "
+            "'block_size' to a positive multiple of the GPU block size"
         )
 
 
@@ -119,16 +131,33 @@ def group_kv_bytes_per_block(group: Any) -> int:
 
 
 def _parse_int(extra: Mapping[str, Any], key: str) -> int:
+    """`int(extra[key])` as vLLM computes it, with errors in the families `int()` raises:
+    TypeError for a list or dict, ValueError for an unparsable string, OverflowError for
+    an infinite float. Non-integral floats, which `int()` truncates, are refused."""
     value = extra[key]
+    field = f"kv_connector_extra_config[{key!r}]"
+    fix = f"set it to a positive integer, e.g. {{{key!r}: 4}}"
+    finite = isinstance(value, float) and math.isfinite(value)
+    if finite and not value.is_integer():
+        raise ChunkSizeError(
+            f"{field}={value!r} is not a whole number (vLLM would truncate it to "
+            f"{int(value)}); {fix}"
+        )
     try:
         return int(value)
-    except (TypeError, ValueError):
-        raise ChunkSizeError(
-            f"'{key}'={value!r} in kv_connector_extra_config is not an integer"
+    except TypeError:
+        raise ConfigTypeError(
+            field,
+            f"must be an integer or a string of one, got {type(value).__name__} "
+            f"{show(value)}; {fix}",
         ) from None
+    except OverflowError:
+        raise ChunkSizeOverflowError(f"{field}={value!r} is not a finite number; {fix}") from None
+    except ValueError:
+        raise ChunkSizeError(f"{field}={show(value)} is not an integer; {fix}") from None
 
 
-def _blocks_per_chunk(extra: Mapping[str, Any], groups: tuple[OffloadingGroupConfig, ...]) -> int:
+def _blocks_per_chunk(extra: Mapping[str, Any], tokens_per_block: list[int]) -> int:
     if extra.get("blocks_per_chunk") is not None and extra.get("block_size") is not None:
         raise ChunkSizeError(
             "Specify only one of 'block_size' or 'blocks_per_chunk' in kv_connector_extra_config."
@@ -137,31 +166,50 @@ def _blocks_per_chunk(extra: Mapping[str, Any], groups: tuple[OffloadingGroupCon
         blocks_per_chunk = _parse_int(extra, "blocks_per_chunk")
         if blocks_per_chunk <= 0:
             raise ChunkSizeError(
-                f"'blocks_per_chunk' must be greater than 0. Got {blocks_per_chunk}."
+                f"'blocks_per_chunk' must be greater than 0. Got {blocks_per_chunk}; use 1 or more."
             )
         return blocks_per_chunk
     if extra.get("block_size") is not None:
         tokens_per_chunk = _parse_int(extra, "block_size")
-        sizes = tuple(g.tokens_per_block for g in groups)
+        sizes = tuple(tokens_per_block)
         if len(set(sizes)) != 1:
             raise NonUniformBlockSizeError(sizes)
-        tokens_per_block = sizes[0]
-        if tokens_per_chunk % tokens_per_block != 0:
+        tpb = sizes[0]
+        if tpb == 0:  # a spec with block_size 0: vLLM divides by zero here
+            raise ZeroChunkSizeError(
+                f"'block_size'={tokens_per_chunk} cannot be split into GPU blocks of 0 "
+                "tokens; the KV cache spec's block_size must be positive"
+            )
+        if tokens_per_chunk % tpb != 0:
             raise ChunkMultipleError(
                 tokens_per_chunk=tokens_per_chunk,
-                tokens_per_block=tokens_per_block,
-                suggested=round_up(tokens_per_chunk, tokens_per_block),
+                tokens_per_block=tpb,
+                suggested=round_up(tokens_per_chunk, tpb),
             )
         # No positivity check here, as in vLLM: 'block_size': 0 gives 0 blocks per chunk.
         # A negative size, which vLLM passes on as a negative chunk, is refused.
         if tokens_per_chunk < 0:
             raise ChunkSizeError(
                 f"'block_size' must be >= 0 in kv_connector_extra_config. Got "
-                f"{tokens_per_chunk}, which would give {tokens_per_chunk // tokens_per_block} "
-                "blocks per chunk."
+                f"{tokens_per_chunk}, which would give {tokens_per_chunk // tpb} "
+                f"blocks per chunk; use a positive multiple of {tpb}."
             )
-        return tokens_per_chunk // tokens_per_block
+        return tokens_per_chunk // tpb
     return 1
+
+
+def _check_block_sizes(kv_cache_config: Any) -> None:
+    # vLLM computes on with a spec of block_size <= 0 (its constructors accept one) and
+    # later returns groups spanning no tokens or divides by zero, depending on the
+    # groups; a block holds at least one token, so say so before anything else.
+    for i, group in enumerate(kv_cache_config.kv_cache_groups):
+        for spec in (group.kv_cache_spec, *iter_layer_specs(group.kv_cache_spec)):
+            if spec.block_size < 1:
+                raise ConfigFieldError(
+                    f"kv_cache_groups[{i}].kv_cache_spec.block_size",
+                    f"is {spec.block_size} ({type(spec).__name__}); a block holds at least "
+                    "one token: use the engine's block size in tokens",
+                )
 
 
 def _worker_kv_bytes_per_block(kv_cache_config: Any, selected: list[tuple[int, Any]]) -> int:
@@ -195,6 +243,11 @@ def certify(
 ) -> Certification:
     """Rules 8-11: replicated layout, canonical layout, parallelism agnosticism."""
     extra = engine_config.kv_transfer_config.kv_connector_extra_config
+    # vLLM evaluates the default replicated chain even when the canonical path then
+    # recomputes the flag, so its attribute reads (nnodes_within_dp, which may raise)
+    # happen in both cases; evaluate it the same way, in the same order.
+    default_replicated = replicated_checks(engine_config, kv_cache_config, worker_bytes)
+    replicated = passes(default_replicated)
     canonical_layout = bool(extra.get("canonical_layout", False))
     agnostic_gate = agnostic_checks(engine_config, kv_cache_config)
     agnostic = passes(agnostic_gate)
@@ -204,15 +257,15 @@ def certify(
     if canonical_layout and not agnostic:
         canonical_gate = canonical_agnostic_checks(engine_config, kv_cache_config)
         agnostic = passes(canonical_gate)
+    replicated_gate = default_replicated
     if canonical_layout:
         # Recomputed from spec types; the default-path value is discarded.
         replicated_gate = canonical_replicated_checks(engine_config, selected, agnostic)
-    else:
-        replicated_gate = replicated_checks(engine_config, kv_cache_config, worker_bytes)
+        replicated = passes(replicated_gate)
     return Certification(
         canonical_layout=canonical_layout,
         is_parallelism_agnostic=agnostic,
-        replicated_layout=passes(replicated_gate),
+        replicated_layout=replicated,
         agnostic=verdicts(agnostic_gate),
         canonical_agnostic=None if canonical_gate is None else verdicts(canonical_gate),
         replicated=verdicts(replicated_gate),
@@ -238,12 +291,13 @@ def build_offloading_config(engine_config: Any, kv_cache_config: Any) -> Offload
             "kv_transfer_config is required for offloading; set one with "
             "kv_connector='OffloadingConnector'"
         )
+    extra = transfer.kv_connector_extra_config
     if transfer.engine_id is None:
         raise MissingTransferConfigError("kv_transfer_config.engine_id must be set")
-    extra = transfer.kv_connector_extra_config
+    # From here on every engine attribute is read where vLLM reads it, not before: an
+    # engine object may compute attributes lazily (vLLM's `nnodes_within_dp` raises for
+    # some data-parallel layouts) and vLLM's answer depends on which it asks for.
     parallel = engine_config.parallel_config
-    model = engine_config.model_config
-    dcp = parallel.decode_context_parallel_size
 
     selected = [
         (gid, kv_cache_config.kv_cache_groups[gid])
@@ -251,43 +305,41 @@ def build_offloading_config(engine_config: Any, kv_cache_config: Any) -> Offload
     ]
     if not selected:
         raise NoEligibleGroupsError()
+    _check_block_sizes(kv_cache_config)
+    dcp = parallel.decode_context_parallel_size
     tokens_per_block = [resolve_dcp_kv_block_size(g.kv_cache_spec, dcp) for _, g in selected]
-    provisional = tuple(
-        OffloadingGroupConfig(tpb, tuple(g.layer_names), gid)
-        for tpb, (gid, g) in zip(tokens_per_block, selected, strict=True)
-    )
 
     _, tokens_per_hash = resolve_kv_cache_block_sizes(kv_cache_config, engine_config)
-    for group in provisional:
-        if group.tokens_per_block % tokens_per_hash != 0:
+    for tpb, (gid, _) in zip(tokens_per_block, selected, strict=True):
+        if tpb % tokens_per_hash != 0:
             raise TokensPerHashError(
-                group_id=group.group_id,
-                tokens_per_block=group.tokens_per_block,
-                tokens_per_hash=tokens_per_hash,
+                group_id=gid, tokens_per_block=tpb, tokens_per_hash=tokens_per_hash
             )
 
-    blocks_per_chunk = _blocks_per_chunk(extra, provisional)
+    blocks_per_chunk = _blocks_per_chunk(extra, tokens_per_block)
     groups = tuple(
         OffloadingGroupConfig(
-            group.tokens_per_block,
-            group.layer_names,
-            group.group_id,
+            tpb,
+            tuple(g.layer_names),
+            gid,
             get_sliding_window_size_in_chunks(
-                next(iter_layer_specs(g.kv_cache_spec)), group.tokens_per_block * blocks_per_chunk
+                next(iter_layer_specs(g.kv_cache_spec)), tpb * blocks_per_chunk
             ),
         )
-        for group, (_, g) in zip(provisional, selected, strict=True)
+        for tpb, (gid, g) in zip(tokens_per_block, selected, strict=True)
     )
 
     worker_bytes = _worker_kv_bytes_per_block(kv_cache_config, selected)
     certification = certify(engine_config, kv_cache_config, selected, worker_bytes)
 
     events = engine_config.kv_events_config
+    cache_config = engine_config.cache_config
     cache_dtype = (
-        model.dtype
-        if engine_config.cache_config.cache_dtype == "auto"
-        else engine_config.cache_config.cache_dtype
+        engine_config.model_config.dtype
+        if cache_config.cache_dtype == "auto"
+        else cache_config.cache_dtype
     )
+    model = engine_config.model_config
     return OffloadingConfig(
         groups=groups,
         worker_kv_bytes_per_block=worker_bytes,

@@ -1,18 +1,55 @@
-"""Field checks shared by the config dataclasses; each error names the field."""
+"""Field checks shared by the config dataclasses; each error names the field, shows the
+value and says what to pass instead.
+
+The `*_field` helpers validate `obj.<name>` and store the normalised value back (a frozen
+dataclass, so through `object.__setattr__`): `np.int64(16)` becomes `16`, so configs stay
+hashable and JSON-ready whatever integer type the caller had.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import numbers
+from collections.abc import Iterable
 from fractions import Fraction
+from typing import Any
 
-from jax_kvoffload.config._errors import ConfigFieldError
+import numpy as np
+
+from jax_kvoffload.config._errors import ConfigFieldError, ConfigTypeError
+
+_SHOW_LIMIT = 80
+
+
+def show(value: object) -> str:
+    """`repr(value)` cut to a readable length (a 5,000-digit int has no repr in 3.11+)."""
+    try:
+        text = repr(value)
+    except ValueError:  # int too large to print (sys.get_int_max_str_digits)
+        return f"<int of {int(value).bit_length()} bits>"  # type: ignore[call-overload]
+    if len(text) > _SHOW_LIMIT:
+        text = text[: _SHOW_LIMIT - 3] + "..."
+    return text
+
+
+def _typed(value: object) -> str:
+    return f"{type(value).__name__} {show(value)}"
+
+
+def is_int(value: object) -> bool:
+    """Python and numpy integers; never bools (True is not a size)."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
 
 
 def check_int(field: str, value: object, *, minimum: int | None = None) -> int:
-    """An int (not a bool) at least `minimum`; returns it."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{field} must be an int, got {type(value).__name__} {value!r}")
+    """An integer (numpy's too, not a bool) at least `minimum`, returned as a Python int."""
+    if not is_int(value):
+        raise ConfigTypeError(field, f"must be an int, got {_typed(value)}")
+    value = int(value)  # type: ignore[arg-type]
     if minimum is not None and value < minimum:
-        raise ConfigFieldError(field, f"must be >= {minimum}, got {value}")
+        raise ConfigFieldError(
+            field, f"must be >= {minimum}, got {show(value)}; use {minimum} or more"
+        )
     return value
 
 
@@ -21,29 +58,96 @@ def check_optional_int(field: str, value: object, *, minimum: int | None = None)
 
 
 def check_bool(field: str, value: object) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError(f"{field} must be a bool, got {type(value).__name__} {value!r}")
-    return value
+    if not isinstance(value, (bool, np.bool_)):
+        raise ConfigTypeError(field, f"must be True or False, got {_typed(value)}")
+    return bool(value)
 
 
 def check_str(field: str, value: object) -> str:
     if not isinstance(value, str):
-        raise TypeError(f"{field} must be a str, got {type(value).__name__} {value!r}")
+        raise ConfigTypeError(field, f"must be a str, got {_typed(value)}")
     return value
+
+
+def check_optional_str(field: str, value: object) -> str | None:
+    return None if value is None else check_str(field, value)
 
 
 def check_ratio(field: str, value: object) -> int | Fraction:
     """An int or a Fraction (vLLM's `tokens_per_state` may be 1/2)."""
-    if isinstance(value, bool) or not isinstance(value, (int, Fraction)):
-        raise TypeError(f"{field} must be an int or Fraction, got {value!r}")
-    return value
+    if isinstance(value, Fraction):
+        return value
+    if not is_int(value):
+        raise ConfigTypeError(field, f"must be an int or a fractions.Fraction, got {_typed(value)}")
+    return int(value)  # type: ignore[arg-type]
 
 
 def check_names(field: str, value: object) -> tuple[str, ...]:
-    """A sequence of strings, returned as a tuple (a lone str is refused, not split)."""
-    if isinstance(value, str) or not hasattr(value, "__iter__"):
-        raise TypeError(f"{field} must be a sequence of str, got {value!r}")
+    """An ordered sequence of strings, returned as a tuple.
+
+    A lone str is refused (it would be split into letters), and so are sets: layer order
+    is meaningful and a set has none.
+    """
+    if isinstance(value, (str, bytes, set, frozenset)) or not isinstance(value, Iterable):
+        raise ConfigTypeError(
+            field, f"must be a list or tuple of str, got {_typed(value)}; e.g. ('layer.0',)"
+        )
     names = tuple(value)
-    for name in names:
-        check_str(f"{field}[]", name)
+    for i, name in enumerate(names):
+        check_str(f"{field}[{i}]", name)
     return names
+
+
+def set_fields(obj: Any, check: Any, names: Iterable[str], **kw: Any) -> None:
+    """Applies `check(name, value, **kw)` to each named field of `obj` and stores the result."""
+    for name in names:
+        object.__setattr__(obj, name, check(name, getattr(obj, name), **kw))
+
+
+def int_fields(obj: Any, *names: str, minimum: int | None = None) -> None:
+    set_fields(obj, check_int, names, minimum=minimum)
+
+
+def optional_int_fields(obj: Any, *names: str, minimum: int | None = None) -> None:
+    set_fields(obj, check_optional_int, names, minimum=minimum)
+
+
+def bool_fields(obj: Any, *names: str) -> None:
+    set_fields(obj, check_bool, names)
+
+
+def str_fields(obj: Any, *names: str) -> None:
+    set_fields(obj, check_str, names)
+
+
+def optional_str_fields(obj: Any, *names: str) -> None:
+    set_fields(obj, check_optional_str, names)
+
+
+def from_trusted_fields(cls: type, /, **values: Any) -> Any:
+    """An instance of the config dataclass `cls` holding `values` as they are, without
+    the constructor's checks.
+
+    For adapters whose input was built and validated by vLLM's own classes
+    (`jax_kvoffload.bridge.vllm`): vLLM checks few of these fields and asserts some only
+    where they are used (a sliding window when the window is computed, the padding when
+    the page size is read); the translation repeats those checks at the same points, so
+    the answer and the error are vLLM's. Values must already be in this library's types
+    (numpy dtypes, `KVQuantMode`, tuples). Fields not given take their defaults; fields a
+    post-init would derive (`head_size_v`, an MLA `page_size_padded`, a wrapper's
+    `dcp_sharded`) must be given as vLLM derived them.
+    """
+    obj = object.__new__(cls)
+    for f in dataclasses.fields(cls):
+        if f.name in values:
+            value = values.pop(f.name)
+        elif f.default is not dataclasses.MISSING:
+            value = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            value = f.default_factory()
+        else:
+            raise ConfigTypeError(f.name, f"is required by {cls.__name__}; pass it")
+        object.__setattr__(obj, f.name, value)
+    if values:
+        raise ConfigTypeError(sorted(values)[0], f"is not a field of {cls.__name__}; drop it")
+    return obj

@@ -19,6 +19,7 @@ from jax_kvoffload.config import (
     MissingTransferConfigError,
     build_offloading_config,
 )
+from jax_kvoffload.errors import KVOffloadError, KVOffloadTypeError
 
 from ..config import harness
 
@@ -156,7 +157,7 @@ def test_unknown_spec_classes_are_refused():
     class StrangeSpec:
         block_size = 16
 
-    with pytest.raises(TypeError, match="unsupported KV cache spec StrangeSpec"):
+    with pytest.raises(KVOffloadTypeError, match="unsupported KV cache spec StrangeSpec"):
         offloading_config_from_vllm(*vllm_like(StrangeSpec()))
 
 
@@ -177,6 +178,148 @@ def test_executor_classes_are_never_mp():
     cfg = offloading_config_from_vllm(vcfg, kv)
     assert cfg.parallel.is_parallelism_agnostic is True
     assert cfg.replicated_layout is False  # world 2 needs the "mp" backend
+
+
+class Exploding:
+    """A property vLLM's function does not read on the path under test."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+
+    def __get__(self, obj, owner=None):
+        raise ValueError(f"{self.what} was read")
+
+
+def lazy_vllm_like(spec, *, parallel=None, model=None, cache_dtype="fp8", **kw):
+    vcfg, kv = vllm_like(spec, **kw)
+    if parallel is not None:
+        vcfg.parallel_config = parallel
+    if model is not None:
+        vcfg.model_config = model
+    vcfg.cache_config.cache_dtype = cache_dtype
+    return vcfg, kv
+
+
+def parallel_ns(**kw):
+    base = dict(
+        tensor_parallel_size=1,
+        pipeline_parallel_size=1,
+        prefill_context_parallel_size=1,
+        decode_context_parallel_size=1,
+        data_parallel_size=1,
+        data_parallel_index=0,
+        data_parallel_rank_local=None,
+        rank=0,
+        world_size=1,
+        distributed_executor_backend="uni",
+    )
+    base.update(kw)
+    cls = type("Parallel", (), {"nnodes_within_dp": Exploding("nnodes_within_dp")})
+    obj = cls()
+    obj.__dict__.update(base)
+    return obj
+
+
+def model_ns(total=4, use_mla=False):
+    cls = type(
+        "Model",
+        (),
+        {
+            "dtype": Exploding("model_config.dtype"),
+            "get_total_num_kv_heads": lambda self: total,
+        },
+    )
+    obj = cls()
+    obj.__dict__.update(model="m", use_mla=use_mla, max_model_len=2048)
+    return obj
+
+
+def test_properties_vllm_does_not_read_are_not_read():
+    # nnodes_within_dp raises in vLLM for some DP layouts; vLLM reads it last in the
+    # replicated chain, and model_config.dtype only when cache_dtype == "auto".
+    spec = FullAttentionSpec(block_size=16, num_kv_heads=4, head_size=64, dtype=TorchDtype("bf16"))
+    vcfg, kv = lazy_vllm_like(spec, parallel=parallel_ns(), model=model_ns())
+    cfg = offloading_config_from_vllm(vcfg, kv)
+    assert cfg.model.dtype == "fp8" and cfg.replicated_layout is False
+    # On the path that does read them, their errors are vLLM's.
+    vcfg.cache_config.cache_dtype = "auto"
+    with pytest.raises(ValueError, match=r"model_config\.dtype was read"):
+        offloading_config_from_vllm(vcfg, kv)
+    mla = MLAAttentionSpec(block_size=16, head_size=576, dtype=TorchDtype("bfloat16"))
+    vcfg, kv = lazy_vllm_like(
+        mla,
+        parallel=parallel_ns(
+            tensor_parallel_size=2, world_size=2, distributed_executor_backend="mp"
+        ),
+        model=model_ns(use_mla=True),
+    )
+    kv.kv_tp_replicas = 2
+    with pytest.raises(ValueError, match="nnodes_within_dp was read"):
+        offloading_config_from_vllm(vcfg, kv)
+
+
+def test_attention_free_models_report_zero_kv_heads():
+    @dataclasses.dataclass(frozen=True, kw_only=True)
+    class MambaSpec:
+        block_size: int
+        shapes: tuple
+        dtypes: tuple
+        mamba_cache_mode: str = "none"
+
+    mamba = MambaSpec(block_size=16, shapes=((4, 8),), dtypes=(TorchDtype("float32"),))
+    vcfg, kv = lazy_vllm_like(mamba, model=model_ns(total=0), cache_dtype="auto")
+    vcfg.model_config = ns(
+        model="mamba", dtype=TorchDtype("float32"), use_mla=False, max_model_len=0,
+        get_total_num_kv_heads=lambda: 0,
+    )  # fmt: skip
+    cfg = offloading_config_from_vllm(vcfg, kv)
+    assert cfg.groups[0].sliding_window_size_in_chunks == 1
+    assert cfg.worker_kv_bytes_per_block == 2 * 4 * 8 * 4
+
+
+@pytest.mark.parametrize(("tp", "pcp", "dcp"), [(1, 4, 4), (8, 4, 32), (2, 2, 4)])
+def test_prefill_context_parallel_topologies_vllm_accepts(tp, pcp, dcp):
+    spec = FullAttentionSpec(
+        block_size=16, num_kv_heads=1, head_size=64, dtype=TorchDtype("float16")
+    )
+    parallel = parallel_ns(
+        tensor_parallel_size=tp,
+        prefill_context_parallel_size=pcp,
+        decode_context_parallel_size=dcp,
+        world_size=tp * pcp,
+        distributed_executor_backend="mp",
+    )
+    vcfg, kv = lazy_vllm_like(spec, parallel=parallel, model=model_ns())
+    vcfg.cache_config.block_size = 16
+    cfg = offloading_config_from_vllm(vcfg, kv)
+    assert (cfg.parallel.pcp_size, cfg.parallel.dcp_size) == (pcp, dcp)
+    assert cfg.groups[0].tokens_per_block == 16 * dcp
+
+
+@pytest.mark.parametrize(
+    ("value", "error"),
+    [
+        ([2], TypeError),
+        ({"n": 2}, TypeError),
+        ((2,), TypeError),
+        ("x", ValueError),
+        (float("nan"), ValueError),
+        (float("inf"), OverflowError),
+        (2.5, ValueError),
+    ],
+)
+def test_extra_config_values_raise_in_ints_families(value, error):
+    spec = FullAttentionSpec(
+        block_size=16, num_kv_heads=4, head_size=64, dtype=TorchDtype("float16")
+    )
+    vcfg, kv = vllm_like(spec, extra={"blocks_per_chunk": value})
+    with pytest.raises(error) as raised:
+        offloading_config_from_vllm(vcfg, kv)
+    assert isinstance(raised.value, KVOffloadError)
+    assert "kv_connector_extra_config['blocks_per_chunk']" in str(raised.value)
+    if error is TypeError:
+        assert isinstance(raised.value, KVOffloadTypeError)
+        assert not isinstance(raised.value, ValueError)
 
 
 def test_importing_the_library_imports_neither_torch_nor_vllm():

@@ -134,7 +134,7 @@ def vllm_config(engine: ours.EngineConfig, extra: dict | None = None):
 
 def as_plain(offloading_config) -> dict:
     """vLLM's OffloadingConfig (or ours) as comparable plain data."""
-    from jax_kvoffload.config._frozen import thaw
+    from jax_kvoffload.config.internals import thaw
 
     out = {}
     for f in dataclasses.fields(offloading_config):
@@ -145,3 +145,60 @@ def as_plain(offloading_config) -> dict:
             value = [dataclasses.asdict(g) for g in value]
         out[f.name] = thaw(value)
     return out
+
+
+def ours_validated_kv_cache_config(kv) -> ours.KVCacheConfig:
+    """vLLM's `KVCacheConfig` rebuilt through our validating constructors (the route a
+    JAX engine takes), unlike the adapter's trusted copy."""
+
+    def spec_of(s):
+        cls = getattr(ours, type(s).__name__)
+        kwargs = {}
+        for f in dataclasses.fields(cls):
+            if not f.init or not hasattr(s, f.name):
+                continue
+            value = getattr(s, f.name)
+            if f.name == "dtype":
+                value = str(value)
+            elif f.name == "dtypes":
+                value = tuple(str(d) for d in value)
+            elif f.name == "shapes":
+                value = tuple(tuple(shape) for shape in value)
+            elif f.name == "kv_quant_mode":
+                value = int(value)
+            elif f.name in ("cache_role", "mamba_type"):
+                value = str(getattr(value, "value", value))
+            elif f.name == "kv_cache_specs":
+                value = {name: spec_of(inner) for name, inner in value.items()}
+            elif f.name == "dcp_sharded" and cls is ours.UniformTypeKVCacheSpecs:
+                continue  # derived from the first inner spec, as vLLM's post-init does
+            kwargs[f.name] = value
+        return cls(**kwargs)
+
+    return ours.KVCacheConfig(
+        num_blocks=kv.num_blocks,
+        kv_cache_tensors=[
+            ours.KVCacheTensor(
+                size=t.size,
+                layers=t.layers,
+                layer_stride=t.layer_stride,
+                block_stride=t.block_stride,
+                offset=t.offset,
+                host_resident=t.host_resident,
+            )
+            for t in kv.kv_cache_tensors
+        ],
+        kv_cache_groups=[
+            ours.KVCacheGroupSpec(
+                layer_names=g.layer_names,
+                kv_cache_spec=spec_of(g.kv_cache_spec),
+                is_eagle_group=g.is_eagle_group,
+                host_resident=g.host_resident,
+                enable_kv_transfer=g.enable_kv_transfer,
+                role=g.role.value,
+            )
+            for g in kv.kv_cache_groups
+        ],
+        hisparse_host_num_blocks=kv.hisparse_host_num_blocks,
+        kv_tp_replicas=kv.kv_tp_replicas,
+    )

@@ -159,6 +159,13 @@ def extra_configs(draw):
     return extra
 
 
+def _valid_dcp(tp: int, pcp: int) -> list[int]:
+    # vLLM's rule: DCP divides TP without PCP; with PCP it is 1, PCP or TP x PCP.
+    if pcp == 1:
+        return [1, 1, *(d for d in (2, 4) if tp % d == 0)]
+    return [1, pcp, tp * pcp]
+
+
 @st.composite
 def engine_configs(draw, extra=None, bs=None):
     tp = draw(st.sampled_from([1, 2, 4]))
@@ -183,7 +190,7 @@ def engine_configs(draw, extra=None, bs=None):
             tensor_parallel_size=tp,
             pipeline_parallel_size=pp,
             prefill_context_parallel_size=pcp,
-            decode_context_parallel_size=draw(st.sampled_from([1, 1, 2])) if tp % 2 == 0 else 1,
+            decode_context_parallel_size=draw(st.sampled_from(_valid_dcp(tp, pcp))),
             rank=draw(st.integers(0, world - 1)),
             distributed_executor_backend=draw(st.sampled_from([None, "mp", "uni", "ray"])),
             nnodes_within_dp=draw(st.sampled_from([1, 1, 2])),

@@ -2,27 +2,32 @@
 
 from __future__ import annotations
 
+import json
 from fractions import Fraction
 
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from jax_kvoffload.config import (
     CacheConfig,
     CircularBufferSpec,
     ConfigFieldError,
+    ConfigTypeError,
     FullAttentionSpec,
     KVCacheConfig,
     KVCacheGroupSpec,
+    KVCacheLayout,
+    KVEventsConfig,
     KVQuantMode,
     MambaSpec,
     MLAAttentionSpec,
+    ModelConfig,
     ParallelConfig,
     SlidingWindowMLASpec,
     UniformTypeKVCacheSpecs,
-    as_dtype,
-    kv_quant_mode_for,
 )
+from jax_kvoffload.config.internals import as_dtype, kv_quant_mode_for
 
 from .harness import full, group, kv_config, ring
 
@@ -101,7 +106,7 @@ def test_dtypes_accept_jax_numpy_and_names():
     assert full(dtype=jnp.bfloat16).dtype == as_dtype("bfloat16")
     assert full(dtype="torch.float8_e4m3fn").dtype.itemsize == 1
     assert as_dtype("fp8_e5m2") == jnp.dtype(jnp.float8_e5m2)
-    with pytest.raises(ConfigFieldError, match=r"dtype: unknown dtype name 'float13'"):
+    with pytest.raises(ConfigFieldError, match=r"dtype: unknown dtype name 'float13'; use"):
         full(dtype="float13")
     assert CacheConfig(cache_dtype=jnp.float16).cache_dtype == "float16"
     assert CacheConfig(cache_dtype="fp8_ds_mla").cache_dtype == "fp8_ds_mla"
@@ -120,13 +125,21 @@ def test_dtypes_accept_jax_numpy_and_names():
         (lambda: ParallelConfig(tensor_parallel_size=2, rank=2), r"rank: 2 is not in \[0, "),
         (
             lambda: ParallelConfig(decode_context_parallel_size=2),
-            "tensor_parallel_size=1 must be divisible by decode_context_parallel_size=2",
+            r"tensor_parallel_size=1 must be divisible by decode_context_parallel_size=2 "
+            r"\(vLLM's rule\); use one of \[1\]",
+        ),
+        (
+            lambda: ParallelConfig(
+                tensor_parallel_size=2,
+                prefill_context_parallel_size=2,
+                decode_context_parallel_size=2 * 3,
+            ),
+            r"use one of \[1, 2, 4\]",
         ),
         (
             lambda: ParallelConfig(distributed_executor_backend="slurm"),
-            "distributed_executor_backend: must be one of",
+            "distributed_executor_backend: got 'slurm'; use one of",
         ),
-        (lambda: CacheConfig(kv_cache_layout="XYZ"), "kv_cache_layout: unknown layout 'XYZ'"),
         (
             lambda: MambaSpec(block_size=16, shapes=((1,),), dtypes=()),
             "dtypes: has 0 entries but shapes has 1",
@@ -139,11 +152,11 @@ def test_constructors_reject_bad_values_naming_the_field(make, message):
 
 
 def test_constructors_reject_wrong_types():
-    with pytest.raises(TypeError, match="block_size must be an int"):
+    with pytest.raises(ConfigTypeError, match=r"block_size: must be an int, got float 16\.0"):
         full(bs=16.0)
-    with pytest.raises(TypeError, match="layer_names must be a sequence of str"):
+    with pytest.raises(ConfigTypeError, match="layer_names: must be a list or tuple of str"):
         KVCacheGroupSpec(layer_names="l0", kv_cache_spec=full())
-    with pytest.raises(TypeError, match="kv_cache_spec must be a KVCacheSpec"):
+    with pytest.raises(ConfigTypeError, match="kv_cache_spec: must be a KVCacheSpec"):
         KVCacheGroupSpec(layer_names=("l0",), kv_cache_spec="full")
 
 
@@ -152,6 +165,82 @@ def test_parallel_defaults_follow_vllm():
     assert (single.world_size, single.distributed_executor_backend) == (1, "uni")
     multi = ParallelConfig(tensor_parallel_size=2, pipeline_parallel_size=2)
     assert (multi.world_size, multi.distributed_executor_backend) == (4, "mp")
+    # vLLM counts processes across DP for the default backend, and multiplies the world
+    # by DP for the external launcher.
+    assert ParallelConfig(data_parallel_size=2).distributed_executor_backend == "mp"
+    launcher = ParallelConfig(
+        tensor_parallel_size=2,
+        data_parallel_size=2,
+        distributed_executor_backend="external_launcher",
+    )
+    assert launcher.world_size == 4
+
+
+@pytest.mark.parametrize(
+    ("tp", "pcp", "dcp"),
+    [(1, 4, 4), (8, 4, 32), (2, 2, 2), (2, 2, 4), (2, 2, 1), (4, 1, 2), (6, 1, 3)],
+)
+def test_parallel_accepts_every_dcp_vllm_accepts(tp, pcp, dcp):
+    # vLLM 0.33.0 requires tp % dcp == 0 only without PCP; with PCP, dcp in {1, pcp, tp*pcp}.
+    p = ParallelConfig(
+        tensor_parallel_size=tp,
+        prefill_context_parallel_size=pcp,
+        decode_context_parallel_size=dcp,
+    )
+    assert p.world_size == tp * pcp
+
+
+def test_numpy_integers_are_ints_and_stored_as_python_ints():
+    spec = full(bs=np.int64(16), heads=np.int32(4))
+    assert spec == full(bs=16, heads=4) and type(spec.block_size) is int
+    p = ParallelConfig(tensor_parallel_size=np.int64(2), rank=np.uint8(1))
+    assert (p.tensor_parallel_size, p.rank, p.world_size) == (2, 1, 2)
+    assert type(p.world_size) is int
+    kv = KVCacheConfig(num_blocks=np.int64(8), kv_cache_tensors=(), kv_cache_groups=())
+    assert json.dumps(kv.num_blocks) == "8"
+    with pytest.raises(ConfigTypeError, match="block_size: must be an int, got bool"):
+        full(bs=np.bool_(True))
+
+
+@pytest.mark.parametrize("dtype", ["object", np.complex64, "complex128", "bool", np.bool_, "U8"])
+def test_dtypes_that_hold_no_kv_cache_are_refused(dtype):
+    with pytest.raises(ConfigFieldError, match="is not a KV cache element type; use a float"):
+        full(dtype=dtype)
+    with pytest.raises(ConfigFieldError, match="dtype: "):
+        ModelConfig(model="m", dtype=dtype, total_num_kv_heads=1)
+
+
+def test_attention_free_models_may_report_zero_kv_heads():
+    assert ModelConfig(model="mamba", dtype="float32", total_num_kv_heads=0).total_num_kv_heads == 0
+
+
+def test_kv_cache_layout_is_copied_through():
+    # vLLM copies cache_config.kv_cache_layout as it is; so do we (members by name).
+    assert CacheConfig(kv_cache_layout="HND").kv_cache_layout == "HND"
+    assert CacheConfig(kv_cache_layout="anything").kv_cache_layout == "anything"
+    assert CacheConfig(kv_cache_layout=KVCacheLayout.LBHNC).kv_cache_layout == "LBHNC"
+    with pytest.raises(ConfigTypeError, match="kv_cache_layout: must be a str"):
+        CacheConfig(kv_cache_layout=3)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: KVCacheGroupSpec(layer_names={"a", "b"}, kv_cache_spec=full()),
+        lambda: FullAttentionSpec(
+            block_size=16, num_kv_heads=1, head_size=8, dtype="float16", sliding_window=[1]
+        ),
+        lambda: MLAAttentionSpec(block_size=16, head_size=8, dtype="float16", cache_role=["x"]),
+        lambda: MambaSpec(block_size=16, shapes=((1,),), dtypes=("float32",), mamba_type={}),
+        lambda: KVCacheConfig(num_blocks=1, kv_cache_tensors={}, kv_cache_groups=()),
+        lambda: KVEventsConfig(enable_kv_cache_events="yes"),
+    ],
+)
+def test_unhashable_or_unordered_values_are_refused_with_a_type_error(make):
+    # A set of layer names has no order; a list in a scalar field would make the config
+    # unhashable (and so unusable as a jit static) much later.
+    with pytest.raises(ConfigTypeError):
+        make()
 
 
 def test_specs_are_hashable_and_draft_flag_is_not_compared():
