@@ -40,7 +40,10 @@ def test_our_types_and_vllms_in_one_list():
         "password": "pw",
     }
     assert fs == VllmTierConfig(type="fs", options={"root_dir": "/x", "n_read_threads": 4})
-    assert other.module_path == "pkg.mod" and other.options["custom"] == (1, 2)
+    assert other.module_path == "pkg.mod" and other.options["custom"] == [
+        1,
+        2,
+    ]  # read back in the caller's types
     assert all(hash(t) is not None for t in tiers[:2])  # frozen and hashable
 
 
