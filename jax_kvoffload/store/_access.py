@@ -1,11 +1,17 @@
-"""Per-request bookkeeping of which keys a request stored or reused (spec 6.3)."""
+"""Per-request bookkeeping of which keys a request stored or reused (spec 6.3).
+
+Mirrors vLLM 0.33.0's ``_RequestCacheAccess`` and ``_record_request_cache_access``
+call for call: a policy sees ``on_request_access`` once per key and request (the
+first time the request records it), and a key counts as inserted only once its
+chunk was allocated.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Sequence
 
-from ._context import RequestContext
+from ._context import AbstractRequestContext
 from ._errors import StoreError
 from ._keys import GROUP_IDX_BYTES, OffloadKey
 
@@ -13,7 +19,11 @@ __all__ = ["RequestAccess", "RequestFinishedError", "access_state", "finished_ke
 
 
 class RequestFinishedError(StoreError):
-    """A request offered or loaded new keys after ``on_request_finished``."""
+    """A request offered or loaded new keys after ``on_request_finished``.
+
+    vLLM asserts "New cache keys observed after request finalization" at the same
+    point; the message starts with that text.
+    """
 
 
 @dataclasses.dataclass(slots=True)
@@ -29,25 +39,25 @@ class RequestAccess:
     store_miss_keys: set[OffloadKey] = dataclasses.field(default_factory=set)
     finished: bool = False
 
-    def check_open(self, keys: Iterable[OffloadKey], ctx: RequestContext) -> None:
+    def check_open(self, keys: Iterable[OffloadKey], ctx: AbstractRequestContext) -> None:
         """Raises if the request finished and ``keys`` holds a key it has not seen."""
         if self.finished:
+            seen = self.seen_keys
             for key in keys:
-                if key not in self.seen_keys:
+                if key not in seen:
                     raise RequestFinishedError(
-                        f"request {ctx.req_id!r} already finished "
-                        f"(on_request_finished was called) but observed new key {key!r}; "
-                        "use a new RequestContext per request."
+                        "New cache keys observed after request finalization: request "
+                        f"{ctx.req_id!r} already finished (on_request_finished was "
+                        f"called) but observed key {key!r}; use a new context per request."
                     )
 
-    def record(
-        self,
-        keys: Iterable[OffloadKey],
-        inserted: Sequence[OffloadKey] = (),
-        reused: Sequence[OffloadKey] = (),
-    ) -> None:
-        """Records ``keys`` in prefix order, and which of them were inserted or reused."""
+    def record(self, keys: Iterable[OffloadKey], policy: object, ctx: object) -> None:
+        """Records ``keys`` in prefix order; the policy observes the new ones.
+
+        ``check_open`` must have passed for ``keys``.
+        """
         seen, groups = self.seen_keys, self.key_groups
+        new_keys = []
         for key in keys:
             if key in seen:
                 continue
@@ -58,13 +68,21 @@ class RequestAccess:
             else:
                 group.append(key)
             seen.add(key)
-        self.inserted_keys.update(inserted)
+            new_keys.append(key)
+        if new_keys:
+            policy.on_request_access(new_keys, ctx)  # type: ignore[attr-defined]
+
+    def record_reused(self, keys: Iterable[OffloadKey]) -> None:
+        """Counts ready ``keys`` as reused, unless this request inserted them."""
         # Re-reading a chunk this request inserted is internal traffic, not a reuse.
-        inserted_keys = self.inserted_keys
-        self.reused_keys.update(key for key in reused if key not in inserted_keys)
+        inserted = self.inserted_keys
+        if inserted:
+            self.reused_keys.update(key for key in keys if key not in inserted)
+        else:
+            self.reused_keys.update(keys)
 
 
-def access_state(ctx: RequestContext, owner: object, generation: int) -> RequestAccess:
+def access_state(ctx: AbstractRequestContext, owner: object, generation: int) -> RequestAccess:
     """Returns ``owner``'s access state in ``ctx``, fresh if missing or stale."""
     state = ctx.get_state(RequestAccess)
     if state is None or state.owner is not owner or state.generation != generation:
@@ -74,7 +92,7 @@ def access_state(ctx: RequestContext, owner: object, generation: int) -> Request
 
 
 def finished_key_groups(
-    state: RequestAccess, ctx: RequestContext
+    state: RequestAccess, ctx: AbstractRequestContext
 ) -> tuple[tuple[OffloadKey, ...], ...]:
     """Returns the request's keys per group (ascending index), each head to tail.
 
@@ -82,9 +100,10 @@ def finished_key_groups(
     otherwise it keeps first-seen order.
     """
     out = []
+    position = ctx.get_offload_key_position
     for group_idx in sorted(state.key_groups):
-        keys = state.key_groups[group_idx]
-        positions = [ctx.get_key_position(key) for key in keys]
+        keys: Sequence[OffloadKey] = state.key_groups[group_idx]
+        positions = [position(key) for key in keys]
         if None not in positions:
             order = sorted(range(len(keys)), key=positions.__getitem__)
             keys = [keys[i] for i in order]

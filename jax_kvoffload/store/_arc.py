@@ -6,7 +6,7 @@ from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from typing import final
 
-from ._context import RequestContext
+from ._context import AbstractRequestContext as RequestContext
 from ._keys import OffloadKey
 from ._policy_base import AbstractEvictionPolicy, ChunkStatus, order_request_keys, override
 

@@ -1,11 +1,16 @@
 """Exceptions raised by the host store.
 
-Every store error is a ``ValueError`` subclass: each one reports a value (a key, a
-budget, a policy name) that breaks a rule of the manager's call protocol. Where vLLM
-0.33.0 asserts, the message keeps vLLM's wording so logs read the same.
+Every store error derives from the library root (``jax_kvoffload.errors``): a wrong
+value is a ``StoreError`` (a ``KVOffloadValueError``, so a ``ValueError``): a key, a
+budget, a policy name that breaks a rule of the manager's call protocol; a wrong type
+is a ``StoreTypeError`` (a ``KVOffloadTypeError``, so a ``TypeError``). Messages name
+the parameter, show the value and give the fix. Where vLLM 0.33.0 asserts, the message
+starts with vLLM's wording so logs read the same.
 """
 
 from __future__ import annotations
+
+from jax_kvoffload.errors import KVOffloadTypeError, KVOffloadValueError
 
 __all__ = [
     "CapacityError",
@@ -14,12 +19,17 @@ __all__ = [
     "KeyNotReadyError",
     "KeyNotStoredError",
     "StoreError",
+    "StoreTypeError",
     "UnknownPolicyError",
 ]
 
 
-class StoreError(ValueError):
+class StoreError(KVOffloadValueError):
     """Base class of every error the host store raises on a wrong value."""
+
+
+class StoreTypeError(KVOffloadTypeError):
+    """An argument of a store call has the wrong type (a key that is not bytes, ...)."""
 
 
 class KeyNotStoredError(StoreError):

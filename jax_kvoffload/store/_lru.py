@@ -7,7 +7,7 @@ import heapq
 from collections.abc import Iterable, Sequence
 from typing import final
 
-from ._context import RequestContext
+from ._context import AbstractRequestContext as RequestContext
 from ._keys import OffloadKey
 from ._policy_base import AbstractEvictionPolicy, ChunkStatus, order_request_keys, override
 
@@ -111,7 +111,7 @@ class LRUPolicy(AbstractEvictionPolicy):
 
     @override
     def insert(self, key: OffloadKey, chunk: ChunkStatus, ctx: RequestContext | None) -> None:
-        position = None if ctx is None else ctx.get_key_position(key)
+        position = None if ctx is None else ctx.get_offload_key_position(key)
         if position is None:
             self._next_rank += 1
             rank: _Rank = (self._next_rank, 0)
@@ -139,7 +139,7 @@ class LRUPolicy(AbstractEvictionPolicy):
         chunks, ranks, evictable = self._chunks, self._ranks, self._evictable
         updated = []
         for key in keys:
-            position = ctx.get_key_position(key)
+            position = ctx.get_offload_key_position(key)
             if position is None or key not in chunks:
                 continue
             rank = (request_rank, -position)

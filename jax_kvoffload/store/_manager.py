@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import logging
 from collections.abc import Sequence
@@ -10,13 +9,19 @@ from typing import final
 
 from ._access import RequestAccess, access_state, finished_key_groups
 from ._capacity import HOST_PAGE_SIZE, cpu_tier_capacity
-from ._context import LookupResult, RequestContext
-from ._errors import KeyNotPinnedError, KeyNotReadyError, KeyNotStoredError
+from ._context import AbstractRequestContext, LookupResult, check_context
+from ._errors import (
+    KeyNotPinnedError,
+    KeyNotReadyError,
+    KeyNotStoredError,
+    StoreError,
+    StoreTypeError,
+)
 from ._events import OffloadingEvent
 from ._keys import OffloadKey, check_keys
 from ._policy_base import AbstractEvictionPolicy, ChunkStatus
 from ._registry import get_policy_class
-from ._stats import StoreStats
+from ._stats import StoreCounters, StoreStats
 from ._tracker import ReuseTracker
 
 __all__ = ["HostStore", "PrepareStoreOutput"]
@@ -47,10 +52,26 @@ _EMPTY_OUTPUT = PrepareStoreOutput((), (), ())
 
 def _check_int(name: str, value: object, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}.")
+        raise StoreTypeError(f"{name} must be an int, got {type(value).__name__}: {value!r}.")
     if value < minimum:
-        raise ValueError(f"{name}={value} must be >= {minimum}.")
+        raise StoreError(f"{name}={value} must be >= {minimum}.")
     return value
+
+
+def _not_bytes(key: object) -> StoreTypeError:
+    return StoreTypeError(
+        f"key must be bytes (an offload key), got {type(key).__name__}: {key!r}; "
+        "build keys with make_offload_key()."
+    )
+
+
+def _need_context(method: str, ctx: object) -> None:
+    check_context(ctx)
+    if ctx is None:
+        raise StoreTypeError(
+            f"{method}(ctx) needs the request's context, got None; pass the "
+            "RequestContext the request's other calls use."
+        )
 
 
 @final
@@ -94,9 +115,16 @@ class HostStore:
         self._num_chunks = _check_int("num_chunks", num_chunks, 0)
         self._store_threshold = _check_int("store_threshold", store_threshold, 0)
         _check_int("max_tracker_size", max_tracker_size, 0)
+        if not isinstance(enable_events, bool):
+            raise StoreTypeError(
+                f"enable_events must be a bool, got {type(enable_events).__name__}: "
+                f"{enable_events!r}."
+            )
         policy_cls = get_policy_class(eviction_policy, cache_policy_module_path)
-        self._policy: AbstractEvictionPolicy = policy_cls(num_chunks)
+        # By keyword, as vLLM builds policies (`policy_cls(cache_capacity=num_chunks)`).
+        self._policy: AbstractEvictionPolicy = policy_cls(cache_capacity=num_chunks)
         self._get = self._policy.get
+        self._counters = StoreCounters()
         self._events: list[OffloadingEvent] | None = [] if enable_events else None
         self._tracker = ReuseTracker(max_tracker_size) if store_threshold >= 2 else None
         self._num_allocated = 0  # high-water mark of fresh chunk ids
@@ -146,6 +174,11 @@ class HostStore:
         return len(self._free_list) + self._num_chunks - self._num_allocated
 
     @property
+    def num_occupied_chunks(self) -> int:
+        """Chunks holding a key (ready, pinned or write-pending)."""
+        return self._num_allocated - len(self._free_list)
+
+    @property
     def num_evictable_chunks(self) -> int:
         return self._num_evictable
 
@@ -160,12 +193,14 @@ class HostStore:
 
     # --- requests ---
 
-    def on_new_request(self, ctx: RequestContext) -> None:
+    def on_new_request(self, ctx: AbstractRequestContext) -> None:
         """Starts the request-scoped bookkeeping of ``ctx`` (optional)."""
+        _need_context("on_new_request", ctx)
         access_state(ctx, self, self._generation)
 
-    def on_request_finished(self, ctx: RequestContext) -> None:
+    def on_request_finished(self, ctx: AbstractRequestContext) -> None:
         """Applies the request's accesses to the policy, once per request and reset."""
+        _need_context("on_request_finished", ctx)
         state = ctx.get_state(RequestAccess)
         if (
             state is None
@@ -178,40 +213,55 @@ class HostStore:
         self._policy.on_request_finished(
             finished_key_groups(state, ctx),
             state.inserted_keys - state.reused_keys,
-            set(state.reused_keys),
+            state.reused_keys,
             ctx,
         )
 
     # --- lookups and loads ---
 
-    def lookup(self, key: OffloadKey, ctx: RequestContext | None = None) -> LookupResult:
+    def lookup(self, key: OffloadKey, ctx: AbstractRequestContext | None = None) -> LookupResult:
         """Returns whether ``key`` is absent, readable, or still being stored."""
-        if type(key) is not bytes and not isinstance(key, bytes):
-            raise TypeError(f"key must be bytes, got {type(key).__name__}.")
-        chunk = self._get(key)
+        try:
+            chunk = self._get(key)
+        except TypeError:  # unhashable: not a key
+            raise _not_bytes(key) from None
+        counters = self._counters
         if chunk is None:
+            # Present keys were checked when stored; only a miss needs the type test.
+            if type(key) is not bytes and not isinstance(key, bytes):
+                raise _not_bytes(key)
+            counters.lookup_misses += 1
             return _MISS
-        return _HIT if chunk.ref_cnt >= 0 else _HIT_PENDING
+        if chunk.ref_cnt >= 0:
+            counters.lookup_hits += 1
+            return _HIT
+        counters.lookup_hits_pending += 1
+        return _HIT_PENDING
 
     def prepare_load(
-        self, keys: Sequence[OffloadKey], ctx: RequestContext | None = None
+        self, keys: Sequence[OffloadKey], ctx: AbstractRequestContext | None = None
     ) -> tuple[int, ...]:
         """Pins ``keys`` for reading and returns their chunk ids, in key order.
 
         All or nothing: if a key is absent or not ready, nothing is pinned.
 
         Raises:
-          TypeError: if a key is not bytes.
+          StoreTypeError: if a key is not bytes or ``ctx`` is not a context.
           KeyNotStoredError: if a key is not in the store.
           KeyNotReadyError: if a key's store has not completed (HIT_PENDING).
+          RequestFinishedError: if ``ctx`` finished and a key is new to it.
         """
         keys = check_keys(keys)
+        check_context(ctx)
         get = self._get
         chunks: list[ChunkStatus] = []
         for key in keys:
             chunk = get(key)
             if chunk is None:
-                raise KeyNotStoredError(f"Chunk {key!r} not found in cache")
+                raise KeyNotStoredError(
+                    f"Chunk {key!r} not found in cache: prepare_load takes keys that "
+                    "lookup() reported as HIT."
+                )
             if chunk.ref_cnt < 0:
                 raise KeyNotReadyError(
                     f"Chunk {key!r} is not ready for reading: its store is in flight; "
@@ -229,15 +279,19 @@ class HostStore:
                 self._num_evictable -= 1
             chunk.ref_cnt += 1
         if state is not None:
-            state.record(keys, reused=keys)
-            self._policy.on_request_access(keys, ctx)  # type: ignore[arg-type]
-        return tuple(chunk.chunk_id for chunk in chunks)
+            state.record(keys, self._policy, ctx)
+            state.record_reused(keys)
+        return tuple([chunk.chunk_id for chunk in chunks])
 
-    def touch(self, keys: Sequence[OffloadKey], ctx: RequestContext | None = None) -> None:
+    def touch(self, keys: Sequence[OffloadKey], ctx: AbstractRequestContext | None = None) -> None:
         """Marks ``keys`` recently used (the first key ends most recent)."""
-        self._policy.touch(check_keys(keys), ctx)
+        keys = check_keys(keys)
+        check_context(ctx)
+        self._policy.touch(keys, ctx)
 
-    def complete_load(self, keys: Sequence[OffloadKey], ctx: RequestContext | None = None) -> None:
+    def complete_load(
+        self, keys: Sequence[OffloadKey], ctx: AbstractRequestContext | None = None
+    ) -> None:
         """Unpins ``keys`` after their load finished; all or nothing.
 
         Raises:
@@ -246,28 +300,34 @@ class HostStore:
         """
         keys = check_keys(keys)
         get = self._get
-        needed = collections.Counter(keys)
-        for key, count in needed.items():
-            chunk = get(key)
-            if chunk is None:
-                raise KeyNotStoredError(f"Chunk {key!r} not found in cache")
-            if chunk.ref_cnt < count:
-                raise KeyNotPinnedError(
-                    f"Chunk {key!r} ref_cnt is already {max(chunk.ref_cnt, 0)}: "
-                    f"{count} complete_load(s) for {max(chunk.ref_cnt, 0)} load(s) in flight."
-                )
-        mark_evictable = self._policy.mark_evictable
+        chunks: list[ChunkStatus] = []
         for key in keys:
             chunk = get(key)
-            chunk.ref_cnt -= 1  # type: ignore[union-attr]
-            if chunk.ref_cnt == 0:  # type: ignore[union-attr]
+            if chunk is None:
+                raise KeyNotStoredError(
+                    f"Chunk {key!r} not found in cache: complete_load takes the keys of "
+                    "an earlier prepare_load."
+                )
+            if chunk.ref_cnt <= 0:
+                raise _not_pinned(key, 1, chunk.ref_cnt)
+            chunks.append(chunk)
+        if len(keys) > 1 and len(set(keys)) < len(keys):
+            needed: dict[OffloadKey, int] = {}
+            for key, chunk in zip(keys, chunks, strict=True):
+                needed[key] = count = needed.get(key, 0) + 1
+                if count > chunk.ref_cnt:
+                    raise _not_pinned(key, count, chunk.ref_cnt)
+        mark_evictable = self._policy.mark_evictable
+        for key, chunk in zip(keys, chunks, strict=True):
+            chunk.ref_cnt -= 1
+            if chunk.ref_cnt == 0:
                 self._num_evictable += 1
                 mark_evictable(key)
 
     # --- stores ---
 
     def prepare_store(
-        self, keys: Sequence[OffloadKey], ctx: RequestContext | None = None
+        self, keys: Sequence[OffloadKey], ctx: AbstractRequestContext | None = None
     ) -> PrepareStoreOutput | None:
         """Allocates write-pending chunks for the absent keys of one offer.
 
@@ -281,12 +341,14 @@ class HostStore:
           The keys to store, their chunk ids and the evicted keys; an empty output if
           nothing needs storing; None if the chunks cannot be allocated (nothing
           changes then, beyond the policy's and tracker's observation of the offer).
+
+        Raises:
+          RequestFinishedError: if ``ctx`` finished and a key to record is new to it
+            (raised where vLLM asserts: after the tracker and the policy's
+            ``on_store_miss`` saw the offer, before anything is allocated).
         """
         keys = check_keys(keys)
-        state = None
-        if ctx is not None:
-            state = access_state(ctx, self, self._generation)
-            state.check_open(keys, ctx)
+        check_context(ctx)
         tracker = self._tracker
         if tracker is not None:
             tracker.record_offer(keys)
@@ -307,10 +369,12 @@ class HostStore:
             self._stores_skipped += len(candidates) - len(kept)
             candidates = kept
         policy = self._policy
-        if state is None:
+        state = None
+        if ctx is None:
             if candidates:
                 policy.on_store_miss(candidates, None)
         else:
+            state = access_state(ctx, self, self._generation)
             # ARC learns from ghost hits once per request, before insert drops the ghost.
             seen_misses = state.store_miss_keys
             new_misses = [key for key in candidates if key not in seen_misses]
@@ -318,13 +382,16 @@ class HostStore:
                 policy.on_store_miss(new_misses, ctx)
                 seen_misses.update(new_misses)
             if ready_existing or len(candidates) != len(keys):
-                accessed = set(candidates)
-                accessed.update(ready_existing)
-                offered = [key for key in keys if key in accessed]
+                recorded = set(candidates)
+                recorded.update(ready_existing)
+                offered = [key for key in keys if key in recorded]
             else:
                 offered = candidates
-            state.record(offered, inserted=candidates, reused=ready_existing)
-            policy.on_request_access(offered, ctx)  # type: ignore[arg-type]
+            state.check_open(offered, ctx)
+            # Candidates count as inserted only once allocated (below), as in vLLM.
+            state.record(offered, policy, ctx)
+            if ready_existing:
+                state.record_reused(ready_existing)
         if not candidates:
             return _EMPTY_OUTPUT
 
@@ -335,7 +402,11 @@ class HostStore:
         num_to_evict = num_new - len(free_list) - num_fresh
         evicted: tuple[OffloadKey, ...] = ()
         if num_to_evict > 0:
-            if num_to_evict > self._num_evictable:
+            victims = None
+            if num_to_evict <= self._num_evictable:
+                victims = policy.evict(num_to_evict, set(keys))
+            if victims is None:
+                self._counters.allocation_failures += 1
                 logger.debug(
                     "prepare_store: %d chunks needed, %d free, %d evictable: cannot allocate",
                     num_new,
@@ -343,12 +414,10 @@ class HostStore:
                     self._num_evictable,
                 )
                 return None
-            victims = policy.evict(num_to_evict, set(keys))
-            if victims is None:
-                return None
             self._num_evictable -= len(victims)
-            free_list.extend(chunk.chunk_id for _, chunk in victims)
-            evicted = tuple(key for key, _ in victims)
+            self._counters.evictions += len(victims)
+            free_list.extend([chunk.chunk_id for _, chunk in victims])
+            evicted = tuple([key for key, _ in victims])
             if self._events is not None:
                 self._events.append(OffloadingEvent(evicted, removed=True))
 
@@ -363,13 +432,15 @@ class HostStore:
         for key, chunk_id in zip(candidates, chunk_ids, strict=True):
             insert(key, ChunkStatus(chunk_id), ctx)
         self._num_write_pending += num_new
+        if state is not None:
+            state.inserted_keys.update(candidates)
         return PrepareStoreOutput(tuple(candidates), tuple(chunk_ids), evicted)
 
     def complete_store(
         self,
         keys: Sequence[OffloadKey],
         success: bool = True,
-        ctx: RequestContext | None = None,
+        ctx: AbstractRequestContext | None = None,
     ) -> None:
         """Finishes the stores of ``keys``: readable on success, freed on failure.
 
@@ -377,8 +448,11 @@ class HostStore:
         records a metadata-only removal event (no store event was ever emitted).
         """
         keys = check_keys(keys)
-        if not isinstance(success, bool):
-            raise TypeError(f"success must be a bool, got {type(success).__name__}.")
+        if success is not True and success is not False:
+            raise StoreTypeError(
+                f"success must be a bool, got {type(success).__name__}: {success!r}; pass "
+                "whether the transfer job succeeded."
+            )
         get = self._get
         done: list[OffloadKey] = []
         if success:
@@ -390,6 +464,7 @@ class HostStore:
                     mark_evictable(key)
                     done.append(key)
             self._num_evictable += len(done)
+            self._counters.stores_completed += len(done)
         else:
             remove = self._policy.remove
             for key in keys:
@@ -398,6 +473,7 @@ class HostStore:
                     remove(key)
                     self._free_list.append(chunk.chunk_id)
                     done.append(key)
+            self._counters.stores_failed += len(done)
         self._num_write_pending -= len(done)
         if done and self._events is not None:
             self._events.append(
@@ -419,7 +495,7 @@ class HostStore:
         out = []
         for event in events:
             if event.metadata_only:
-                keys = tuple(key for key in event.keys if get(key) is None)
+                keys = tuple([key for key in event.keys if get(key) is None])
                 if not keys:
                     continue
                 if len(keys) != len(event.keys):
@@ -427,15 +503,20 @@ class HostStore:
             out.append(event)
         return out
 
+    def counters(self) -> StoreCounters:
+        """Returns the cumulative counters (since construction; never drained)."""
+        return dataclasses.replace(self._counters)
+
     def get_stats(self) -> StoreStats:
-        """Returns the usage gauges and drains the per-interval values."""
+        """Returns the usage gauges and counters, and drains the per-interval values."""
         num_chunks = self._num_chunks
+        occupied = self._num_allocated - len(self._free_list)
         if num_chunks > 0:
-            used = self._num_allocated - len(self._free_list) - self._num_evictable
-            usage = used / num_chunks
+            usage = (occupied - self._num_evictable) / num_chunks
             write_usage = self._num_write_pending / num_chunks
+            occupancy = occupied / num_chunks
         else:
-            usage = write_usage = 0.0
+            usage = write_usage = occupancy = 0.0
         sizes, self._allocation_sizes = tuple(self._allocation_sizes), []
         skipped = None
         if self._tracker is not None:
@@ -446,13 +527,18 @@ class HostStore:
             cpu_cache_read_usage_perc=max(usage - write_usage, 0.0),
             cpu_allocation_size=sizes,
             stores_skipped=skipped,
+            num_chunks=num_chunks,
+            occupied_chunks=occupied,
+            occupancy_perc=occupancy,
+            counters=self.counters(),
         )
 
     def reset_cache(self) -> None:
         """Forgets every chunk, pinned and write-pending ones included.
 
-        Events already recorded stay; the reuse tracker keeps its counts (as in vLLM).
-        Request contexts from before the reset start afresh.
+        Events already recorded stay; the reuse tracker keeps its counts (as in vLLM);
+        the cumulative counters keep counting. Request contexts from before the reset
+        start afresh.
         """
         self._policy.clear()
         self._generation += 1
@@ -461,3 +547,11 @@ class HostStore:
         self._free_list.clear()
         self._num_allocated = 0
         logger.debug("host store reset (generation %d)", self._generation)
+
+
+def _not_pinned(key: OffloadKey, count: int, ref_cnt: int) -> KeyNotPinnedError:
+    loads = max(ref_cnt, 0)
+    return KeyNotPinnedError(
+        f"Chunk {key!r} ref_cnt is already {loads}: {count} complete_load(s) for "
+        f"{loads} load(s) in flight; call complete_load once per prepare_load."
+    )

@@ -7,7 +7,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from ._context import RequestContext
+from ._context import AbstractRequestContext as RequestContext
 from ._keys import OffloadKey
 
 if sys.version_info >= (3, 12):
@@ -58,7 +58,7 @@ def order_request_keys(
     keys = [key for group in key_groups for key in group]
     positions = {}
     for key in keys:
-        position = ctx.get_key_position(key)
+        position = ctx.get_offload_key_position(key)
         if position is None:
             return keys
         positions[key] = position
