@@ -24,7 +24,6 @@ from jax_kvoffload.store import (
     AbstractEvictionPolicy,
     AbstractRequestContext,
     HostStore,
-    LookupResult,
     add_policy_resolver,
 )
 
@@ -65,15 +64,19 @@ def build_manager_class() -> type:
     from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
     install_vllm_types()
-    ours_hit, ours_miss = LookupResult.HIT, LookupResult.MISS
     hit, miss, hit_pending = (
         base.LookupResult.HIT,
         base.LookupResult.MISS,
         base.LookupResult.HIT_PENDING,
     )
     host = CacheHitSource.HOST
-    medium = {m.name: m for m in base.Medium}
+    cpu = base.Medium.CPU
     output_cls, event_cls = base.PrepareStoreOutput, base.OffloadingEvent
+
+    def make_event(keys: tuple, removed: bool, metadata_only: bool) -> Any:
+        # The store builds vLLM's events directly when they are taken (no second copy).
+        return event_cls(list(keys), cpu, removed, metadata_only=metadata_only)
+
     usage, write_usage, read_usage, alloc_size, skipped = (
         CPUOffloadingMetrics.CPU_CACHE_USAGE_PERC,
         CPUOffloadingMetrics.CPU_CACHE_WRITE_USAGE_PERC,
@@ -94,16 +97,14 @@ def build_manager_class() -> type:
         def __init__(self, store: HostStore, config_info: Any = None) -> None:
             self.store = store
             self._config_info = dict(config_info or {})
-            # The scheduler calls these for every chunk of every request: bound once.
-            self._lookup = store.lookup
+            # The scheduler calls lookup for every chunk of every request: the store's
+            # own closure, answering vLLM's enum members (one Python frame).
+            self.lookup = store.lookup_function(miss, hit, hit_pending)
             self._prepare_load = store.prepare_load
             self._prepare_store = store.prepare_store
 
-        def lookup(self, key: Any, req_context: Any) -> Any:
-            result = self._lookup(key, req_context)
-            if result is ours_hit:
-                return hit
-            return miss if result is ours_miss else hit_pending
+        def lookup(self, key: Any, req_context: Any) -> Any:  # replaced per instance
+            return self.store.lookup_function(miss, hit, hit_pending)(key, req_context)
 
         def get_load_source(self, key: Any, req_context: Any) -> Any:
             return host
@@ -140,13 +141,8 @@ def build_manager_class() -> type:
             self.store.on_request_finished(req_context)
 
         def take_events(self) -> Iterator[Any]:
-            for event in self.store.take_events():
-                yield event_cls(
-                    keys=list(event.keys),
-                    medium=medium[event.medium.name],
-                    removed=event.removed,
-                    metadata_only=event.metadata_only,
-                )
+            # A generator, as vLLM's: the events are detached at the first next().
+            yield from self.store.take_events(make_event)
 
         def reset_cache(self) -> None:
             self.store.reset_cache()

@@ -18,6 +18,7 @@ from ._errors import DuplicatePolicyError as DuplicatePolicyError
 from ._errors import KeyNotPinnedError as KeyNotPinnedError
 from ._errors import KeyNotReadyError as KeyNotReadyError
 from ._errors import KeyNotStoredError as KeyNotStoredError
+from ._errors import PolicyContractError as PolicyContractError
 from ._errors import StoreError as StoreError
 from ._errors import StoreTypeError as StoreTypeError
 from ._errors import UnknownPolicyError as UnknownPolicyError
@@ -62,6 +63,7 @@ __all__ = (
     "Medium",
     "OffloadKey",
     "OffloadingEvent",
+    "PolicyContractError",
     "PrepareStoreOutput",
     "RequestContext",
     "RequestFinishedError",

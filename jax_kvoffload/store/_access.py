@@ -14,6 +14,7 @@ from collections.abc import Iterable, Sequence
 from ._context import AbstractRequestContext
 from ._errors import StoreError
 from ._keys import GROUP_IDX_BYTES, OffloadKey
+from ._policy_base import RequestKeyGroups
 
 __all__ = ["RequestAccess", "RequestFinishedError", "access_state", "finished_key_groups"]
 
@@ -28,11 +29,15 @@ class RequestFinishedError(StoreError):
 
 @dataclasses.dataclass(slots=True)
 class RequestAccess:
-    """Keys one request observed, grouped by KV-cache group in first-seen order."""
+    """Keys one request observed, grouped by KV-cache group in first-seen order.
+
+    Groups are keyed by the key's last 4 bytes (the big-endian group index), which
+    sort as the indices do.
+    """
 
     owner: object
     generation: int
-    key_groups: dict[int, list[OffloadKey]] = dataclasses.field(default_factory=dict)
+    key_groups: dict[bytes, list[OffloadKey]] = dataclasses.field(default_factory=dict)
     seen_keys: set[OffloadKey] = dataclasses.field(default_factory=set)
     inserted_keys: set[OffloadKey] = dataclasses.field(default_factory=set)
     reused_keys: set[OffloadKey] = dataclasses.field(default_factory=set)
@@ -61,10 +66,10 @@ class RequestAccess:
         for key in keys:
             if key in seen:
                 continue
-            group_idx = int.from_bytes(key[-GROUP_IDX_BYTES:], "big")
-            group = groups.get(group_idx)
+            tag = key[-GROUP_IDX_BYTES:]
+            group = groups.get(tag)
             if group is None:
-                groups[group_idx] = [key]
+                groups[tag] = [key]
             else:
                 group.append(key)
             seen.add(key)
@@ -91,21 +96,34 @@ def access_state(ctx: AbstractRequestContext, owner: object, generation: int) ->
     return state
 
 
-def finished_key_groups(
-    state: RequestAccess, ctx: AbstractRequestContext
-) -> tuple[tuple[OffloadKey, ...], ...]:
+def finished_key_groups(state: RequestAccess, ctx: AbstractRequestContext) -> RequestKeyGroups:
     """Returns the request's keys per group (ascending index), each head to tail.
 
     A group is sorted by recorded end positions when every key of it has one;
-    otherwise it keeps first-seen order.
+    otherwise it keeps first-seen order. The result also carries the order across
+    groups that ``order_request_keys`` gives (vLLM's: by position when every key has
+    one, else the groups concatenated), from the same position reads.
     """
-    out = []
-    position = ctx.get_offload_key_position
-    for group_idx in sorted(state.key_groups):
-        keys: Sequence[OffloadKey] = state.key_groups[group_idx]
-        positions = [position(key) for key in keys]
-        if None not in positions:
-            order = sorted(range(len(keys)), key=positions.__getitem__)
-            keys = [keys[i] for i in order]
-        out.append(tuple(keys))
-    return tuple(out)
+    groups = []
+    all_positions: dict[OffloadKey, int] | None = {}
+    position_of = ctx.get_offload_key_position
+    for tag in sorted(state.key_groups):
+        keys: Sequence[OffloadKey] = state.key_groups[tag]
+        positions = {}
+        for key in keys:
+            position = position_of(key)
+            if position is None:
+                all_positions = None
+                break
+            positions[key] = position
+        else:
+            keys = sorted(keys, key=positions.__getitem__)
+            if all_positions is not None:
+                all_positions.update(positions)
+        groups.append(tuple(keys))
+    out = RequestKeyGroups(groups)
+    head_to_tail = [key for group in groups for key in group]
+    if all_positions is not None and len(groups) > 1:
+        head_to_tail.sort(key=all_positions.__getitem__)
+    out.head_to_tail = head_to_tail
+    return out

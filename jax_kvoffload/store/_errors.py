@@ -10,7 +10,7 @@ starts with vLLM's wording so logs read the same.
 
 from __future__ import annotations
 
-from jax_kvoffload.errors import KVOffloadTypeError, KVOffloadValueError
+from jax_kvoffload.errors import KVOffloadStateError, KVOffloadTypeError, KVOffloadValueError
 
 __all__ = [
     "CapacityError",
@@ -18,6 +18,7 @@ __all__ = [
     "KeyNotPinnedError",
     "KeyNotReadyError",
     "KeyNotStoredError",
+    "PolicyContractError",
     "StoreError",
     "StoreTypeError",
     "UnknownPolicyError",
@@ -49,6 +50,13 @@ class KeyNotReadyError(StoreError):
 
 class KeyNotPinnedError(StoreError):
     """``complete_load`` was called for a key with no load in flight (ref count 0)."""
+
+
+class PolicyContractError(KVOffloadStateError):
+    """An eviction policy broke its contract (e.g. ``evict(n)`` returned m != n chunks).
+
+    A bug in the policy, not in the caller's input; the store's state is unchanged.
+    """
 
 
 class CapacityError(StoreError):

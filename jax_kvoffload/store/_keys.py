@@ -92,17 +92,20 @@ def check_keys(keys: Iterable[object], name: str = "keys") -> list[OffloadKey]:
         key passed where a sequence is expected), or an element is not bytes.
       StoreError: if a key is shorter than the 4-byte group index.
     """
-    if isinstance(keys, (bytes, bytearray, str)):
+    if type(keys) is list:
+        out = keys  # not copied: the store keeps no reference to the caller's list
+    elif isinstance(keys, (bytes, bytearray, str)):
         raise StoreTypeError(
             f"{name} must be a sequence of bytes keys, got a single "
             f"{type(keys).__name__} {keys!r}; wrap it in a list."
         )
-    try:
-        out = list(keys)
-    except TypeError:
-        raise StoreTypeError(
-            f"{name} must be a sequence of bytes keys, got {type(keys).__name__}: {keys!r}."
-        ) from None
+    else:
+        try:
+            out = list(keys)
+        except TypeError:
+            raise StoreTypeError(
+                f"{name} must be a sequence of bytes keys, got {type(keys).__name__}: {keys!r}."
+            ) from None
     for key in out:
         # The exact-type test is the fast path; subclasses of bytes are accepted too.
         if type(key) is not bytes and not isinstance(key, bytes):
@@ -110,6 +113,7 @@ def check_keys(keys: Iterable[object], name: str = "keys") -> list[OffloadKey]:
                 f"every element of {name} must be bytes (an offload key), "
                 f"got {type(key).__name__}: {key!r}; build keys with make_offload_key()."
             )
-        if len(key) < GROUP_IDX_BYTES:
+    if out and min(map(len, out)) < GROUP_IDX_BYTES:
+        for key in out:
             _check_key_length(key)
     return out  # type: ignore[return-value]

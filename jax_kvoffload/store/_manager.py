@@ -4,22 +4,23 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Sequence
-from typing import final
+from collections.abc import Callable, Sequence
+from typing import NamedTuple, TypeVar, final
 
-from ._access import RequestAccess, access_state, finished_key_groups
+from ._access import RequestAccess, RequestFinishedError, access_state, finished_key_groups
 from ._capacity import HOST_PAGE_SIZE, cpu_tier_capacity
+from ._checks import check_int, need_context, not_bytes, not_pinned
 from ._context import AbstractRequestContext, LookupResult, check_context
 from ._errors import (
-    KeyNotPinnedError,
     KeyNotReadyError,
     KeyNotStoredError,
+    PolicyContractError,
     StoreError,
     StoreTypeError,
 )
-from ._events import OffloadingEvent
+from ._events import Medium, OffloadingEvent
 from ._keys import OffloadKey, check_keys
-from ._policy_base import AbstractEvictionPolicy, ChunkStatus
+from ._policy_base import AbstractEvictionPolicy, BatchHooks, ChunkStatus
 from ._registry import get_policy_class
 from ._stats import StoreCounters, StoreStats
 from ._tracker import ReuseTracker
@@ -29,11 +30,37 @@ __all__ = ["HostStore", "PrepareStoreOutput"]
 logger = logging.getLogger(__name__)
 
 _MISS, _HIT, _HIT_PENDING = LookupResult.MISS, LookupResult.HIT, LookupResult.HIT_PENDING
+_R = TypeVar("_R")
+_E = TypeVar("_E")
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class PrepareStoreOutput:
-    """What ``prepare_store`` allocated.
+def _not_loadable(key: OffloadKey, chunk: ChunkStatus | None) -> StoreError:
+    if chunk is None:
+        return KeyNotStoredError(
+            f"Chunk {key!r} not found in cache: prepare_load takes keys that lookup() "
+            "reported as HIT."
+        )
+    return KeyNotReadyError(
+        f"Chunk {key!r} is not ready for reading: its store is in flight; load it "
+        "after complete_store(..., success=True)."
+    )
+
+
+def _not_unpinnable(key: OffloadKey, chunk: ChunkStatus | None, keys: list) -> StoreError:
+    if chunk is None:
+        return KeyNotStoredError(
+            f"Chunk {key!r} not found in cache: complete_load takes the keys of an "
+            "earlier prepare_load."
+        )
+    return not_pinned(key, keys.count(key), chunk.ref_cnt)
+
+
+def _our_event(keys: tuple[OffloadKey, ...], removed: bool, metadata_only: bool) -> OffloadingEvent:
+    return OffloadingEvent(keys, Medium.CPU, removed, metadata_only)
+
+
+class PrepareStoreOutput(NamedTuple):
+    """What ``prepare_store`` allocated (an immutable named tuple).
 
     Attributes:
       keys_to_store: Offered keys that were absent, in offer order (duplicates kept).
@@ -48,30 +75,7 @@ class PrepareStoreOutput:
 
 
 _EMPTY_OUTPUT = PrepareStoreOutput((), (), ())
-
-
-def _check_int(name: str, value: object, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise StoreTypeError(f"{name} must be an int, got {type(value).__name__}: {value!r}.")
-    if value < minimum:
-        raise StoreError(f"{name}={value} must be >= {minimum}.")
-    return value
-
-
-def _not_bytes(key: object) -> StoreTypeError:
-    return StoreTypeError(
-        f"key must be bytes (an offload key), got {type(key).__name__}: {key!r}; "
-        "build keys with make_offload_key()."
-    )
-
-
-def _need_context(method: str, ctx: object) -> None:
-    check_context(ctx)
-    if ctx is None:
-        raise StoreTypeError(
-            f"{method}(ctx) needs the request's context, got None; pass the "
-            "RequestContext the request's other calls use."
-        )
+_new_output = tuple.__new__
 
 
 @final
@@ -112,9 +116,9 @@ class HostStore:
         store_threshold: int = 0,
         max_tracker_size: int = 64_000,
     ) -> None:
-        self._num_chunks = _check_int("num_chunks", num_chunks, 0)
-        self._store_threshold = _check_int("store_threshold", store_threshold, 0)
-        _check_int("max_tracker_size", max_tracker_size, 0)
+        self._num_chunks = check_int("num_chunks", num_chunks, 0)
+        self._store_threshold = check_int("store_threshold", store_threshold, 0)
+        check_int("max_tracker_size", max_tracker_size, 0)
         if not isinstance(enable_events, bool):
             raise StoreTypeError(
                 f"enable_events must be a bool, got {type(enable_events).__name__}: "
@@ -124,8 +128,14 @@ class HostStore:
         # By keyword, as vLLM builds policies (`policy_cls(cache_capacity=num_chunks)`).
         self._policy: AbstractEvictionPolicy = policy_cls(cache_capacity=num_chunks)
         self._get = self._policy.get
+        # The built-in policies take batches; any other policy gets vLLM's per-key
+        # hook calls in vLLM's order (a custom policy sees what it would under vLLM).
+        self._batched = isinstance(self._policy, BatchHooks)
         self._counters = StoreCounters()
-        self._events: list[OffloadingEvent] | None = [] if enable_events else None
+        # (keys, removed, metadata_only) per event; built into objects when taken.
+        self._events: list[tuple[tuple[OffloadKey, ...], bool, bool]] | None = (
+            [] if enable_events else None
+        )
         self._tracker = ReuseTracker(max_tracker_size) if store_threshold >= 2 else None
         self._num_allocated = 0  # high-water mark of fresh chunk ids
         self._free_list: list[int] = []  # LIFO
@@ -134,6 +144,7 @@ class HostStore:
         self._generation = 0
         self._allocation_sizes: list[int] = []
         self._stores_skipped = 0
+        self.lookup = self.lookup_function(_MISS, _HIT, _HIT_PENDING)  # type: ignore[method-assign]
 
     @classmethod
     def from_cpu_budget(
@@ -195,12 +206,12 @@ class HostStore:
 
     def on_new_request(self, ctx: AbstractRequestContext) -> None:
         """Starts the request-scoped bookkeeping of ``ctx`` (optional)."""
-        _need_context("on_new_request", ctx)
+        need_context("on_new_request", ctx)
         access_state(ctx, self, self._generation)
 
     def on_request_finished(self, ctx: AbstractRequestContext) -> None:
         """Applies the request's accesses to the policy, once per request and reset."""
-        _need_context("on_request_finished", ctx)
+        need_context("on_request_finished", ctx)
         state = ctx.get_state(RequestAccess)
         if (
             state is None
@@ -220,23 +231,38 @@ class HostStore:
     # --- lookups and loads ---
 
     def lookup(self, key: OffloadKey, ctx: AbstractRequestContext | None = None) -> LookupResult:
-        """Returns whether ``key`` is absent, readable, or still being stored."""
-        try:
-            chunk = self._get(key)
-        except TypeError:  # unhashable: not a key
-            raise _not_bytes(key) from None
-        counters = self._counters
-        if chunk is None:
-            # Present keys were checked when stored; only a miss needs the type test.
-            if type(key) is not bytes and not isinstance(key, bytes):
-                raise _not_bytes(key)
-            counters.lookup_misses += 1
-            return _MISS
-        if chunk.ref_cnt >= 0:
-            counters.lookup_hits += 1
-            return _HIT
-        counters.lookup_hits_pending += 1
-        return _HIT_PENDING
+        """Returns whether ``key`` is absent, readable, or still being stored.
+
+        (Each store replaces this method by ``lookup_function(...)``'s closure.)
+        """
+        return self.lookup_function(_MISS, _HIT, _HIT_PENDING)(key, ctx)
+
+    def lookup_function(self, miss: _R, hit: _R, hit_pending: _R) -> Callable[..., _R]:
+        """Returns ``lookup`` answering with the given values instead of ours.
+
+        The scheduler calls ``lookup`` for every chunk of every request; the closure
+        is one Python frame (the vLLM bridge answers vLLM's enum members with it).
+        """
+        get, counters = self._get, self._counters
+
+        def lookup(key: OffloadKey, ctx: object = None) -> _R:
+            try:
+                chunk = get(key)
+            except TypeError:  # unhashable: not a key
+                raise not_bytes(key) from None
+            if chunk is None:
+                # Present keys were checked when stored; only a miss needs the test.
+                if type(key) is not bytes and not isinstance(key, bytes):
+                    raise not_bytes(key)
+                counters.lookup_misses += 1
+                return miss
+            if chunk.ref_cnt >= 0:
+                counters.lookup_hits += 1
+                return hit
+            counters.lookup_hits_pending += 1
+            return hit_pending
+
+        return lookup
 
     def prepare_load(
         self, keys: Sequence[OffloadKey], ctx: AbstractRequestContext | None = None
@@ -255,29 +281,48 @@ class HostStore:
         check_context(ctx)
         get = self._get
         chunks: list[ChunkStatus] = []
-        for key in keys:
-            chunk = get(key)
-            if chunk is None:
-                raise KeyNotStoredError(
-                    f"Chunk {key!r} not found in cache: prepare_load takes keys that "
-                    "lookup() reported as HIT."
-                )
-            if chunk.ref_cnt < 0:
-                raise KeyNotReadyError(
-                    f"Chunk {key!r} is not ready for reading: its store is in flight; "
-                    "load it after complete_store(..., success=True)."
-                )
-            chunks.append(chunk)
-        state = None
-        if ctx is not None:
-            state = access_state(ctx, self, self._generation)
-            state.check_open(keys, ctx)
-        mark_non_evictable = self._policy.mark_non_evictable
-        for key, chunk in zip(keys, chunks, strict=True):
-            if chunk.ref_cnt == 0:
-                mark_non_evictable(key)
-                self._num_evictable -= 1
-            chunk.ref_cnt += 1
+        if self._batched:
+            # One pass: pin as we check, and undo the pins if a key is refused.
+            pinned = []
+            for key in keys:
+                chunk = get(key)
+                if chunk is None or chunk.ref_cnt < 0:
+                    for done in chunks:
+                        done.ref_cnt -= 1
+                    raise _not_loadable(key, chunk)
+                if chunk.ref_cnt == 0:
+                    pinned.append(key)
+                chunk.ref_cnt += 1
+                chunks.append(chunk)
+            state = None
+            if ctx is not None:
+                state = access_state(ctx, self, self._generation)
+                try:
+                    state.check_open(keys, ctx)
+                except RequestFinishedError:
+                    for done in chunks:
+                        done.ref_cnt -= 1
+                    raise
+            if pinned:
+                self._num_evictable -= len(pinned)
+                self._policy.mark_non_evictable_many(pinned)  # type: ignore[attr-defined]
+        else:
+            for key in keys:
+                chunk = get(key)
+                if chunk is None or chunk.ref_cnt < 0:
+                    raise _not_loadable(key, chunk)
+                chunks.append(chunk)
+            state = None
+            if ctx is not None:
+                state = access_state(ctx, self, self._generation)
+                state.check_open(keys, ctx)
+            # vLLM's order: each key's hook right before its ref count changes.
+            mark_non_evictable = self._policy.mark_non_evictable
+            for key, chunk in zip(keys, chunks, strict=True):
+                if chunk.ref_cnt == 0:
+                    mark_non_evictable(key)
+                    self._num_evictable -= 1
+                chunk.ref_cnt += 1
         if state is not None:
             state.record(keys, self._policy, ctx)
             state.record_reused(keys)
@@ -301,22 +346,32 @@ class HostStore:
         keys = check_keys(keys)
         get = self._get
         chunks: list[ChunkStatus] = []
+        if self._batched:
+            # One pass: unpin as we check (a key listed more often than it is pinned
+            # meets ref count 0 on the way), and undo the unpins if a key is refused.
+            released = []
+            for key in keys:
+                chunk = get(key)
+                if chunk is None or chunk.ref_cnt <= 0:
+                    for done in chunks:
+                        done.ref_cnt += 1
+                    raise _not_unpinnable(key, chunk, keys)
+                chunk.ref_cnt -= 1
+                if chunk.ref_cnt == 0:
+                    released.append(key)
+                chunks.append(chunk)
+            if released:
+                self._num_evictable += len(released)
+                self._policy.mark_evictable_many(released)  # type: ignore[attr-defined]
+            return
+        needed: dict[OffloadKey, int] = {}
         for key in keys:
             chunk = get(key)
-            if chunk is None:
-                raise KeyNotStoredError(
-                    f"Chunk {key!r} not found in cache: complete_load takes the keys of "
-                    "an earlier prepare_load."
-                )
-            if chunk.ref_cnt <= 0:
-                raise _not_pinned(key, 1, chunk.ref_cnt)
+            needed[key] = count = needed.get(key, 0) + 1
+            if chunk is None or chunk.ref_cnt < count:
+                raise _not_unpinnable(key, chunk, keys)
             chunks.append(chunk)
-        if len(keys) > 1 and len(set(keys)) < len(keys):
-            needed: dict[OffloadKey, int] = {}
-            for key, chunk in zip(keys, chunks, strict=True):
-                needed[key] = count = needed.get(key, 0) + 1
-                if count > chunk.ref_cnt:
-                    raise _not_pinned(key, count, chunk.ref_cnt)
+        # vLLM's order: each key's hook right after its ref count reaches 0.
         mark_evictable = self._policy.mark_evictable
         for key, chunk in zip(keys, chunks, strict=True):
             chunk.ref_cnt -= 1
@@ -414,27 +469,39 @@ class HostStore:
                     self._num_evictable,
                 )
                 return None
-            self._num_evictable -= len(victims)
-            self._counters.evictions += len(victims)
-            free_list.extend([chunk.chunk_id for _, chunk in victims])
+            if len(victims) != num_to_evict:
+                raise PolicyContractError(
+                    f"{type(policy).__name__}.evict({num_to_evict}, ...) returned "
+                    f"{len(victims)} chunks; a policy returns exactly n or None."
+                )
+            self._num_evictable -= num_to_evict
+            self._counters.evictions += num_to_evict
             evicted = tuple([key for key, _ in victims])
+            free_list += [chunk.chunk_id for _, chunk in victims]
             if self._events is not None:
-                self._events.append(OffloadingEvent(evicted, removed=True))
+                self._events.append((evicted, True, False))
 
         # Fresh ids (ascending) before reused ones (LIFO), as vLLM allocates.
         start = self._num_allocated
         num_fresh = min(num_new, num_fresh)
         chunk_ids = list(range(start, start + num_fresh))
         self._num_allocated = start + num_fresh
-        for _ in range(num_new - num_fresh):
-            chunk_ids.append(free_list.pop())
-        insert = policy.insert
-        for key, chunk_id in zip(candidates, chunk_ids, strict=True):
-            insert(key, ChunkStatus(chunk_id), ctx)
+        num_reused = num_new - num_fresh
+        if num_reused:  # LIFO: the most recently freed first
+            chunk_ids += reversed(free_list[-num_reused:])
+            del free_list[-num_reused:]
+        if self._batched:
+            chunks = [ChunkStatus(chunk_id) for chunk_id in chunk_ids]
+            policy.insert_many(candidates, chunks, ctx)  # type: ignore[attr-defined]
+        else:
+            insert = policy.insert
+            for key, chunk_id in zip(candidates, chunk_ids, strict=True):
+                insert(key, ChunkStatus(chunk_id), ctx)
         self._num_write_pending += num_new
         if state is not None:
             state.inserted_keys.update(candidates)
-        return PrepareStoreOutput(tuple(candidates), tuple(chunk_ids), evicted)
+        # tuple.__new__ skips the named tuple's Python-level __new__ (a hot path).
+        return _new_output(PrepareStoreOutput, (tuple(candidates), tuple(chunk_ids), evicted))
 
     def complete_store(
         self,
@@ -455,7 +522,17 @@ class HostStore:
             )
         get = self._get
         done: list[OffloadKey] = []
-        if success:
+        if success and self._batched:
+            for key in keys:
+                chunk = get(key)
+                if chunk is not None and chunk.ref_cnt < 0:
+                    chunk.ref_cnt = 0
+                    done.append(key)
+            if done:
+                self._policy.mark_evictable_many(done)  # type: ignore[attr-defined]
+            self._num_evictable += len(done)
+            self._counters.stores_completed += len(done)
+        elif success:
             mark_evictable = self._policy.mark_evictable
             for key in keys:
                 chunk = get(key)
@@ -476,31 +553,35 @@ class HostStore:
             self._counters.stores_failed += len(done)
         self._num_write_pending -= len(done)
         if done and self._events is not None:
-            self._events.append(
-                OffloadingEvent(tuple(done), removed=not success, metadata_only=not success)
-            )
+            self._events.append((tuple(done), not success, not success))
 
     # --- events, stats, reset ---
 
-    def take_events(self) -> list[OffloadingEvent]:
+    def take_events(
+        self, make_event: Callable[[tuple[OffloadKey, ...], bool, bool], _E] | None = None
+    ) -> list[_E]:
         """Returns and clears the recorded events, oldest first.
 
         A metadata-only removal drops the keys that were allocated again since (a
         retried store); it is left out when no key remains.
+
+        Args:
+          make_event: Builds each event from ``(keys, removed, metadata_only)``;
+            default ``OffloadingEvent`` (the vLLM bridge builds vLLM's events).
         """
         if not self._events:
             return []
         events, self._events = self._events, []
+        if make_event is None:
+            make_event = _our_event  # type: ignore[assignment]
         get = self._get
         out = []
-        for event in events:
-            if event.metadata_only:
-                keys = tuple([key for key in event.keys if get(key) is None])
+        for keys, removed, metadata_only in events:
+            if metadata_only:
+                keys = tuple([key for key in keys if get(key) is None])
                 if not keys:
                     continue
-                if len(keys) != len(event.keys):
-                    event = dataclasses.replace(event, keys=keys)
-            out.append(event)
+            out.append(make_event(keys, removed, metadata_only))  # type: ignore[misc]
         return out
 
     def counters(self) -> StoreCounters:
@@ -547,11 +628,3 @@ class HostStore:
         self._free_list.clear()
         self._num_allocated = 0
         logger.debug("host store reset (generation %d)", self._generation)
-
-
-def _not_pinned(key: OffloadKey, count: int, ref_cnt: int) -> KeyNotPinnedError:
-    loads = max(ref_cnt, 0)
-    return KeyNotPinnedError(
-        f"Chunk {key!r} ref_cnt is already {loads}: {count} complete_load(s) for "
-        f"{loads} load(s) in flight; call complete_load once per prepare_load."
-    )

@@ -17,7 +17,6 @@ from jax_kvoffload.store import (
     HostStore,
     LRUPolicy,
     RequestContext,
-    register_policy,
 )
 
 from ._helpers import K, Ks
@@ -89,13 +88,12 @@ class RecordingARC(Recording):
     inner_cls = ARCPolicy
 
 
-register_policy("test-recording-lru", RecordingLRU)
-register_policy("test-recording-arc", RecordingARC)
-
-
 def _store(policy: str, num_chunks: int) -> HostStore:
+    """A store running the recording policy (loaded by module path: no global registry
+    entry left behind)."""
     Recording.log = []
-    return HostStore(num_chunks, eviction_policy=f"test-recording-{policy}")
+    name = {"lru": "RecordingLRU", "arc": "RecordingARC"}[policy]
+    return HostStore(num_chunks, eviction_policy=name, cache_policy_module_path=__name__)
 
 
 def _calls(name: str) -> list[tuple]:
