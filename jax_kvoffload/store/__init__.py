@@ -19,6 +19,7 @@ from ._errors import KeyNotPinnedError as KeyNotPinnedError
 from ._errors import KeyNotReadyError as KeyNotReadyError
 from ._errors import KeyNotStoredError as KeyNotStoredError
 from ._errors import PolicyContractError as PolicyContractError
+from ._errors import PolicyImportError as PolicyImportError
 from ._errors import StoreError as StoreError
 from ._errors import StoreTypeError as StoreTypeError
 from ._errors import UnknownPolicyError as UnknownPolicyError
@@ -64,6 +65,7 @@ __all__ = (
     "OffloadKey",
     "OffloadingEvent",
     "PolicyContractError",
+    "PolicyImportError",
     "PrepareStoreOutput",
     "RequestContext",
     "RequestFinishedError",

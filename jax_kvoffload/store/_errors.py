@@ -10,7 +10,12 @@ starts with vLLM's wording so logs read the same.
 
 from __future__ import annotations
 
-from jax_kvoffload.errors import KVOffloadStateError, KVOffloadTypeError, KVOffloadValueError
+from jax_kvoffload.errors import (
+    KVOffloadError,
+    KVOffloadStateError,
+    KVOffloadTypeError,
+    KVOffloadValueError,
+)
 
 __all__ = [
     "CapacityError",
@@ -19,6 +24,7 @@ __all__ = [
     "KeyNotReadyError",
     "KeyNotStoredError",
     "PolicyContractError",
+    "PolicyImportError",
     "StoreError",
     "StoreTypeError",
     "UnknownPolicyError",
@@ -65,6 +71,10 @@ class CapacityError(StoreError):
 
 class UnknownPolicyError(StoreError):
     """The eviction policy name is neither built in nor registered."""
+
+
+class PolicyImportError(KVOffloadError, ImportError):
+    """``cache_policy_module_path`` cannot be imported (an ``ImportError``, as in vLLM)."""
 
 
 class DuplicatePolicyError(StoreError):

@@ -344,6 +344,7 @@ class HostStore:
           KeyNotPinnedError: if a key has fewer loads in flight than it appears here.
         """
         keys = check_keys(keys)
+        check_context(ctx)
         get = self._get
         chunks: list[ChunkStatus] = []
         if self._batched:
@@ -515,6 +516,7 @@ class HostStore:
         records a metadata-only removal event (no store event was ever emitted).
         """
         keys = check_keys(keys)
+        check_context(ctx)
         if success is not True and success is not False:
             raise StoreTypeError(
                 f"success must be a bool, got {type(success).__name__}: {success!r}; pass "
@@ -569,6 +571,11 @@ class HostStore:
           make_event: Builds each event from ``(keys, removed, metadata_only)``;
             default ``OffloadingEvent`` (the vLLM bridge builds vLLM's events).
         """
+        if make_event is not None and not callable(make_event):
+            raise StoreTypeError(
+                f"make_event must be callable (keys, removed, metadata_only) -> event, "
+                f"got {make_event!r}."
+            )
         if not self._events:
             return []
         events, self._events = self._events, []

@@ -10,6 +10,7 @@ from ._errors import (
     DUPLICATE_POLICY_MESSAGE,
     UNKNOWN_POLICY_MESSAGE,
     DuplicatePolicyError,
+    PolicyImportError,
     StoreTypeError,
     UnknownPolicyError,
 )
@@ -85,7 +86,7 @@ def get_policy_class(name: str, module_path: str | None = None) -> type[Abstract
         object is not a policy class.
       UnknownPolicyError: if ``name`` is unknown and no ``module_path`` is given, or
         the module has no attribute ``name``.
-      ImportError: if ``module_path`` cannot be imported.
+      PolicyImportError: if ``module_path`` cannot be imported (an ``ImportError``).
     """
     if not isinstance(name, str):
         raise StoreTypeError(
@@ -111,7 +112,13 @@ def get_policy_class(name: str, module_path: str | None = None) -> type[Abstract
             f"cache_policy_module_path must be a str (a module to import), got "
             f"{type(module_path).__name__}: {module_path!r}."
         )
-    module = importlib.import_module(module_path)
+    try:
+        module = importlib.import_module(module_path)
+    except ImportError as exc:
+        raise PolicyImportError(
+            f"cache_policy_module_path={module_path!r} cannot be imported ({exc}); give "
+            f"an importable module that defines the class {name!r}."
+        ) from exc
     found = getattr(module, name, None)
     if found is None:
         raise UnknownPolicyError(
