@@ -138,6 +138,11 @@ def build_manager_class() -> type:
             self.lookup = store.lookup_function(miss, hit, hit_pending)
             self._prepare_load = store.prepare_load
             self._prepare_store = store.prepare_store
+            # Same signature and answer as vLLM's: the store's methods themselves.
+            self.touch = store.touch
+            self.complete_load = store.complete_load
+            self.on_request_finished = store.on_request_finished
+            self.reset_cache = store.reset_cache
 
         def lookup(self, key: Any, req_context: Any) -> Any:  # replaced per instance
             return self.store.lookup_function(miss, hit, hit_pending)(key, req_context)
@@ -148,10 +153,10 @@ def build_manager_class() -> type:
         def prepare_load(self, keys: Collection[Any], req_context: Any) -> Any:
             return CPULoadStoreSpec(self._prepare_load(keys, req_context))
 
-        def touch(self, keys: Collection[Any], req_context: Any) -> None:
+        def touch(self, keys: Collection[Any], req_context: Any) -> None:  # replaced
             self.store.touch(keys, req_context)
 
-        def complete_load(self, keys: Collection[Any], req_context: Any) -> None:
+        def complete_load(self, keys: Collection[Any], req_context: Any) -> None:  # replaced
             self.store.complete_load(keys, req_context)
 
         def prepare_store(self, keys: Collection[Any], req_context: Any) -> Any:
@@ -173,14 +178,14 @@ def build_manager_class() -> type:
             self.store.on_new_request(req_context)
             return base.RequestOffloadingContext()
 
-        def on_request_finished(self, req_context: Any) -> None:
+        def on_request_finished(self, req_context: Any) -> None:  # replaced per instance
             self.store.on_request_finished(req_context)
 
         def take_events(self) -> Iterator[Any]:
             # A generator, as vLLM's: the events are detached at the first next().
             yield from self.store.take_events(make_event)
 
-        def reset_cache(self) -> None:
+        def reset_cache(self) -> None:  # replaced per instance
             self.store.reset_cache()
 
         def get_stats(self) -> Any:
