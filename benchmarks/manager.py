@@ -1,30 +1,43 @@
-"""Host-store manager throughput on a synthetic prefix-sharing trace, LRU vs ARC.
+"""Scheduler-side manager speed: ours against vLLM 0.33.0's, on one recorded call trace.
 
-Each request has a shared prefix drawn from a Zipf distribution over a fixed set of
-prefixes, plus a few unique chunks. Per request, as vLLM's scheduler does: look the
-keys up until the first miss, load (pin, unpin) the hit prefix, offer every key for
-storing, complete the store, finish the request. Reported: lookups per second (the
-lookup phase alone), stored-key offers per second (prepare_store + complete_store),
-requests per second and the hit rate. The trace is generated before timing.
+A scheduler simulation (Zipf-distributed shared prefixes plus private tails, several
+requests in flight, jobs completing a step later, one `take_events` and `get_stats` per
+step, as vLLM's connector calls them) is recorded once as a list of manager calls. The
+same calls are then replayed, alternately, on
+
+* vLLM's `CPUOffloadingManager` through vLLM's `OffloadingManager` interface,
+* our `JaxOffloadingManager` (a `HostStore` behind that interface), with the same
+  vLLM `ReqContext`s, and
+* our `HostStore` through its own API (our `RequestContext`),
+
+fresh managers and contexts each repeat, medians over the repeats. Before timing, one
+checked replay asserts that both managers return the same answers (chunk ids included).
+A second table times `lookup` alone (the scheduler's most frequent call) on the state
+the trace left. Without vLLM only our own API runs.
 
 Usage:
-  python benchmarks/manager.py            # 100k requests
-  python benchmarks/manager.py --quick    # 5k requests, a few seconds
-  python benchmarks/manager.py --out DIR  # CSV + PNG (default benchmarks/results/)
-
-If vLLM is importable, its CPUOffloadingManager runs the same trace for comparison.
+  python benchmarks/manager.py                 # small trace, a few seconds
+  python benchmarks/manager.py --full          # 20k requests (~0.5M calls, minutes)
+  python benchmarks/manager.py --json          # machine-readable result on stdout
+  python benchmarks/manager.py --out DIR       # CSV + PNG (default benchmarks/results/)
 """
 
 from __future__ import annotations
 
 import argparse
 import bisect
+import contextlib
 import itertools
+import json
+import os
 import pathlib
+import platform
 import random
+import statistics
 import sys
 import time
 from collections.abc import Callable
+from typing import Any
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # _report, beside us
 import _report
@@ -32,172 +45,466 @@ import _report
 from jax_kvoffload.store import HostStore, LookupResult, RequestContext, make_offload_key
 
 TOKENS_PER_CHUNK = 16
+# Op codes of a recorded trace: (op, request index, payload).
+LOOKUP, LOAD, DONE_LOAD, STORE, DONE_STORE, FAIL_STORE, NEW, FINISH, EVENTS, STATS = range(10)
 
 
-def make_trace(num_requests: int, num_prefixes: int, zipf_a: float, seed: int) -> list[list[bytes]]:
-    """Returns per request its chunk keys, head to tail."""
-    rng = random.Random(seed)
-    weights = [1.0 / (rank**zipf_a) for rank in range(1, num_prefixes + 1)]
-    cumulative = list(itertools.accumulate(weights))
-    total = cumulative[-1]
-    prefix_lengths = [rng.randint(4, 32) for _ in range(num_prefixes)]
-    prefix_keys = [
-        [make_offload_key(b"p%d:%d" % (p, i), 0) for i in range(prefix_lengths[p])]
-        for p in range(num_prefixes)
-    ]
-    trace = []
-    for r in range(num_requests):
-        prefix = bisect.bisect_left(cumulative, rng.random() * total)
-        suffix = [make_offload_key(b"r%d:%d" % (r, i), 0) for i in range(rng.randint(1, 8))]
-        trace.append(prefix_keys[min(prefix, num_prefixes - 1)] + suffix)
-    return trace
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
 
 
-def run_ours(trace: list[list[bytes]], num_chunks: int, policy: str) -> dict[str, float]:
-    store = HostStore(num_chunks, eviction_policy=policy)
-    hit, pending = LookupResult.HIT, LookupResult.HIT_PENDING
-    lookup_s = store_s = 0.0
-    lookups = offers = hits = 0
-    clock = time.perf_counter
-    start = clock()
-    for keys in trace:
-        ctx = RequestContext()
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    return value
+
+
+# --- the trace ---
+
+
+def make_requests(
+    num_requests: int, num_prefixes: int, zipf_a: float, groups: int, rng: random.Random
+) -> list[list[bytes]]:
+    """Per request its keys, head to tail, group-major per chunk (32-byte hashes)."""
+    weights = list(itertools.accumulate(1.0 / rank**zipf_a for rank in range(1, num_prefixes + 1)))
+    prefixes = [[rng.randbytes(32) for _ in range(rng.randint(4, 32))] for _ in range(num_prefixes)]
+    out = []
+    for _ in range(num_requests):
+        p = min(bisect.bisect_left(weights, rng.random() * weights[-1]), num_prefixes - 1)
+        hashes = prefixes[p] + [rng.randbytes(32) for _ in range(rng.randint(1, 8))]
+        out.append([make_offload_key(h, g) for h in hashes for g in range(groups)])
+    return out
+
+
+def record_trace(
+    requests: list[list[bytes]],
+    num_chunks: int,
+    policy: str,
+    *,
+    groups: int,
+    concurrency: int,
+    chunks_per_step: int,
+    failure_rate: float,
+    rng: random.Random,
+) -> list[tuple[int, int, Any]]:
+    """Runs a scheduler simulation on a `HostStore` and records its calls."""
+    store = HostStore(num_chunks, eviction_policy=policy, enable_events=True)
+    contexts = [RequestContext(str(i)) for i in range(len(requests))]
+    for ctx, keys in zip(contexts, requests, strict=True):
         for i, key in enumerate(keys):
-            ctx.set_key_position(key, (i + 1) * TOKENS_PER_CHUNK)
-        t0 = clock()
-        num_hits = 0
-        for key in keys:
-            result = store.lookup(key, ctx)
-            if result is not hit and result is not pending:
+            ctx.set_key_position(key, (i // groups + 1) * TOKENS_PER_CHUNK)
+    ops: list[tuple[int, int, Any]] = []
+    pending = iter(range(len(requests)))
+    running: dict[int, int] = {}  # request -> next key to offer
+    jobs: list[tuple[int, int, list[bytes]]] = []  # (op, request, keys), done next step
+    step_chunks = chunks_per_step * groups
+    while True:
+        for op, r, keys in jobs:
+            if op == STORE and rng.random() < failure_rate:
+                op = FAIL_STORE
+            ops.append(({STORE: DONE_STORE, FAIL_STORE: FAIL_STORE, LOAD: DONE_LOAD}[op], r, keys))
+            if op == LOAD:
+                store.complete_load(keys, contexts[r])
+            else:
+                store.complete_store(keys, op == STORE, contexts[r])
+        jobs = []
+        while len(running) < concurrency:
+            r = next(pending, None)
+            if r is None:
                 break
-            num_hits += 1
-        lookups += min(num_hits + 1, len(keys))
-        t1 = clock()
-        loadable = [k for k in keys[:num_hits] if store.lookup(k, ctx) is hit]
-        if loadable:
-            store.prepare_load(loadable, ctx)
-            store.complete_load(loadable, ctx)
-        hits += num_hits
-        t2 = clock()
-        output = store.prepare_store(keys, ctx)
-        if output is not None and output.keys_to_store:
-            store.complete_store(output.keys_to_store, ctx=ctx)
-        offers += len(keys)
-        store.on_request_finished(ctx)
-        t3 = clock()
-        lookup_s += t1 - t0
-        store_s += t3 - t2
-    wall = clock() - start
-    return _result(
-        policy, "jax_kvoffload", len(trace), lookups, offers, hits, lookup_s, store_s, wall
-    )
+            ctx, keys = contexts[r], requests[r]
+            ops.append((NEW, r, None))
+            store.on_new_request(ctx)
+            hits = 0
+            for key in keys:  # the scheduler's prefix lookup: stop at the first miss
+                result = store.lookup(key, ctx)
+                ops.append((LOOKUP, r, key))
+                if result is LookupResult.MISS:
+                    break
+                hits += 1
+            ready = [k for k in keys[:hits] if store.lookup(k) is LookupResult.HIT]
+            ready = ready[: len(ready) // groups * groups]
+            if ready:
+                ops.append((LOAD, r, ready))
+                store.prepare_load(ready, ctx)
+                jobs.append((LOAD, r, ready))
+            running[r] = len(ready)
+        if not running:
+            break
+        for r, start in list(running.items()):
+            keys = requests[r][start : start + step_chunks]
+            ops.append((STORE, r, keys))
+            out = store.prepare_store(keys, contexts[r])
+            if out is not None and out.keys_to_store:
+                jobs.append((STORE, r, list(out.keys_to_store)))
+            running[r] = start + len(keys)
+        for r in [r for r, start in running.items() if start >= len(requests[r])]:
+            ops.append((FINISH, r, None))
+            store.on_request_finished(contexts[r])
+            del running[r]
+        ops.append((EVENTS, -1, None))
+        store.take_events()
+        ops.append((STATS, -1, None))
+        store.get_stats()
+    return ops
 
 
-def _result(policy, impl, requests, lookups, offers, hits, lookup_s, store_s, wall):
-    return {
-        "impl": impl,
-        "policy": policy,
-        "requests": requests,
-        "lookups_per_s": lookups / lookup_s if lookup_s else 0.0,
-        "store_offers_per_s": offers / store_s if store_s else 0.0,
-        "requests_per_s": requests / wall,
-        "hit_rate": hits / offers if offers else 0.0,
-        "wall_s": wall,
+# --- replays ---
+
+
+def _drain(take_events: Callable[[], Any]) -> None:
+    for _ in take_events():
+        pass
+
+
+def bind_vllm(manager: Any, ops: list, contexts: list) -> list[tuple[Callable, tuple]]:
+    """`(method, args)` per call of the trace, through vLLM's interface."""
+    m = manager
+    table = {
+        LOOKUP: m.lookup,
+        LOAD: m.prepare_load,
+        DONE_LOAD: m.complete_load,
+        STORE: m.prepare_store,
+        DONE_STORE: m.complete_store,
+        NEW: m.on_new_request,
+        FINISH: m.on_request_finished,
     }
+    calls: list[tuple[Callable, tuple]] = []
+    for op, r, payload in ops:
+        if op == EVENTS:
+            calls.append((_drain, (m.take_events,)))
+        elif op == STATS:
+            calls.append((m.get_stats, ()))
+        elif op == FAIL_STORE:
+            calls.append((m.complete_store, (payload, contexts[r], False)))
+        elif payload is None:
+            calls.append((table[op], (contexts[r],)))
+        else:
+            calls.append((table[op], (payload, contexts[r])))
+    return calls
 
 
-def run_vllm(trace: list[list[bytes]], num_chunks: int, policy: str) -> dict[str, float] | None:
-    """The same trace on vLLM's CPUOffloadingManager, if vLLM is importable."""
+def bind_ours(store: HostStore, ops: list, contexts: list) -> list[tuple[Callable, tuple]]:
+    """The same calls on our own API (`complete_store(keys, success, ctx)`)."""
+    s = store
+    table = {
+        LOOKUP: s.lookup,
+        LOAD: s.prepare_load,
+        DONE_LOAD: s.complete_load,
+        STORE: s.prepare_store,
+        NEW: s.on_new_request,
+        FINISH: s.on_request_finished,
+    }
+    calls: list[tuple[Callable, tuple]] = []
+    for op, r, payload in ops:
+        if op == EVENTS:
+            calls.append((s.take_events, ()))
+        elif op == STATS:
+            calls.append((s.get_stats, ()))
+        elif op in (DONE_STORE, FAIL_STORE):
+            calls.append((s.complete_store, (payload, op == DONE_STORE, contexts[r])))
+        elif payload is None:
+            calls.append((table[op], (contexts[r],)))
+        else:
+            calls.append((table[op], (payload, contexts[r])))
+    return calls
+
+
+# CPU time of this process: on a shared machine the wall clock also counts the time
+# other processes held the CPU, which is noise here (the code under test is
+# single-threaded and does no I/O).
+CLOCK = time.process_time
+
+
+def replay(calls: list[tuple[Callable, tuple]]) -> float:
+    clock = CLOCK
+    start = clock()
+    for fn, args in calls:
+        fn(*args)
+    return clock() - start
+
+
+class Impl:
+    """One manager implementation: builds fresh instances and contexts per repeat."""
+
+    def __init__(self, name: str, api: str, make: Callable, context: Callable, bind: Callable):
+        self.name, self.api = name, api
+        self._make, self._context, self._bind = make, context, bind
+
+    def fresh(self, ops: list, requests: list[list[bytes]], groups: int):
+        contexts = []
+        for i, keys in enumerate(requests):
+            ctx = self._context(str(i))
+            setter = getattr(ctx, "set_offload_key_position", None) or ctx.set_key_position
+            for j, key in enumerate(keys):
+                setter(key, (j // groups + 1) * TOKENS_PER_CHUNK)
+            contexts.append(ctx)
+        manager = self._make()
+        return manager, self._bind(manager, ops, contexts), contexts
+
+
+def implementations(num_chunks: int, policy: str) -> list[Impl]:
+    impls = [
+        Impl(
+            "HostStore",
+            "own",
+            lambda: HostStore(num_chunks, eviction_policy=policy, enable_events=True),
+            RequestContext,
+            bind_ours,
+        )
+    ]
     try:
-        from vllm.v1.kv_offload.base import LookupResult as VLookup
         from vllm.v1.kv_offload.base import ReqContext
         from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager
-    except Exception:  # vLLM absent or a version with another layout
-        return None
-    manager = CPUOffloadingManager(num_chunks, cache_policy=policy)
-    hit, pending = VLookup.HIT, VLookup.HIT_PENDING
-    lookup_s = store_s = 0.0
-    lookups = offers = hits = 0
-    clock = time.perf_counter
-    start = clock()
-    for n, keys in enumerate(trace):
-        ctx = ReqContext(str(n), None, None)
-        t0 = clock()
-        num_hits = 0
-        for key in keys:
-            if manager.lookup(key, ctx) not in (hit, pending):
-                break
-            num_hits += 1
-        lookups += min(num_hits + 1, len(keys))
-        t1 = clock()
-        loadable = [k for k in keys[:num_hits] if manager.lookup(k, ctx) is hit]
-        if loadable:
-            manager.prepare_load(loadable, ctx)
-            manager.complete_load(loadable, ctx)
-        hits += num_hits
-        t2 = clock()
-        output = manager.prepare_store(keys, ctx)
-        if output is not None and output.keys_to_store:
-            manager.complete_store(output.keys_to_store, ctx)
-        offers += len(keys)
-        manager.on_request_finished(ctx)
-        t3 = clock()
-        lookup_s += t1 - t0
-        store_s += t3 - t2
-    wall = clock() - start
-    return _result(policy, "vllm", len(trace), lookups, offers, hits, lookup_s, store_s, wall)
+
+        from jax_kvoffload.bridge._vllm_manager import build_manager_class
+    except ImportError:
+        return impls
+    manager_cls = build_manager_class()
+    impls += [
+        Impl(
+            "vLLM CPUOffloadingManager",
+            "vllm",
+            lambda: CPUOffloadingManager(num_chunks, cache_policy=policy, enable_events=True),
+            ReqContext,
+            bind_vllm,
+        ),
+        Impl(
+            "JaxOffloadingManager",
+            "vllm",
+            lambda: manager_cls(HostStore(num_chunks, eviction_policy=policy, enable_events=True)),
+            ReqContext,
+            bind_vllm,
+        ),
+    ]
+    return impls
 
 
-def write_outputs(rows: list[dict[str, float]], out: pathlib.Path) -> None:
-    _report.write_csv(out / "manager.csv", list(rows[0]), rows)
+def _comparable(value: Any) -> Any:
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if hasattr(value, "name"):  # LookupResult (either)
+        return value.name
+    if hasattr(value, "block_ids"):  # CPULoadStoreSpec
+        return value.block_ids.tolist()
+    if hasattr(value, "keys_to_store"):  # PrepareStoreOutput (either)
+        ids = getattr(value, "chunk_ids", None)
+        ids = list(ids) if ids is not None else value.store_spec.block_ids.tolist()
+        return (list(value.keys_to_store), ids, list(value.evicted_keys))
+    if isinstance(value, tuple):  # our prepare_load
+        return list(value)
+    return None  # events, stats: compared by the differential tests
+
+
+def check_same_answers(impls: list[Impl], ops: list, requests: list, groups: int) -> None:
+    """One untimed replay per implementation: every answer must be equal."""
+    answers = []
+    for impl in impls:
+        _, calls, _ = impl.fresh(ops, requests, groups)
+        answers.append([_comparable(fn(*args)) for fn, args in calls])
+    for impl, got in zip(impls[1:], answers[1:], strict=True):
+        if got != answers[0]:
+            i = next(i for i, (a, b) in enumerate(zip(got, answers[0])) if a != b)
+            raise SystemExit(f"error: {impl.name} answers call #{i} differently")
+
+
+def lookup_keys(requests: list[list[bytes]], rng: random.Random, n: int) -> list[bytes]:
+    keys = [k for keys in requests[-200:] for k in keys]
+    return [rng.choice(keys) for _ in range(n)]
+
+
+def time_lookups(manager: Any, ctx: Any, keys: list[bytes]) -> float:
+    """CPU seconds per `lookup` over `keys` (after one untimed pass)."""
+    lookup = manager.lookup
+    for key in keys:
+        lookup(key, ctx)
+    start = CLOCK()
+    for key in keys:
+        lookup(key, ctx)
+    return (CLOCK() - start) / len(keys)
+
+
+# --- output ---
+
+COLUMNS = (
+    ("policy", "policy", "{:<6}"),
+    ("impl", "implementation", "{:<26}"),
+    ("api", "interface", "{:<9}"),
+    ("calls", "calls", "{:>8,}"),
+    ("trace_ms", "trace ms", "{:>9.1f}"),
+    ("us_per_call", "µs/call", "{:>8.3f}"),
+    ("speedup", "x vLLM", "{:>7.2f}"),
+    ("lookups_per_s", "lookups/s", "{:>10,.0f}"),
+    ("lookup_speedup", "x vLLM", "{:>7.2f}"),
+)
+
+
+def print_table(rows: list[dict[str, Any]]) -> None:
+    widths = [len(fmt.format(rows[0][k])) if rows else len(h) for k, h, fmt in COLUMNS]
+    widths = [max(w, len(h)) for w, (_, h, _) in zip(widths, COLUMNS, strict=True)]
+    header = [
+        h.rjust(w) if ">" in fmt else h.ljust(w)
+        for (_, h, fmt), w in zip(COLUMNS, widths, strict=True)
+    ]
+    print("  ".join(header))
+    for r in rows:
+        cells = []
+        for (k, _, fmt), w in zip(COLUMNS, widths, strict=True):
+            v = r.get(k)
+            text = "-" if v is None else fmt.format(v)
+            cells.append(text.rjust(w) if ">" in fmt else text.ljust(w))
+        print("  ".join(cells))
+
+
+def write_outputs(rows: list[dict[str, Any]], meta: dict[str, Any], out: pathlib.Path) -> None:
+    _report.write_csv(out / "manager.csv", [k for k, _, _ in COLUMNS], rows)
     plt = _report.pyplot()
     if plt is None:
         return
-    labels = [f"{r['impl']}\n{r['policy']}" for r in rows]
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
-    for ax, metric, title in (
-        (axes[0], "lookups_per_s", "lookups / s"),
-        (axes[1], "store_offers_per_s", "stored-key offers / s"),
-    ):
-        ax.bar(labels, [r[metric] for r in rows], color="tab:blue")
-        ax.set_title(title)
-    fig.suptitle(f"HostStore on a Zipf prefix-sharing trace ({rows[0]['requests']} requests)")
+    policies = sorted({r["policy"] for r in rows})
+    series = [
+        ("JaxOffloadingManager", "ours through vLLM's interface"),
+        ("HostStore", "ours, own API"),
+    ]
+    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    width = 0.38
+    for i, (impl, label) in enumerate(series):
+        values = [
+            next((r["speedup"] for r in rows if r["policy"] == p and r["impl"] == impl), 0.0) or 0.0
+            for p in policies
+        ]
+        xs = [j + (i - 0.5) * width for j in range(len(policies))]
+        bars = ax.bar(xs, values, width, label=label)
+        ax.bar_label(bars, fmt="%.2fx", padding=2, fontsize=8)
+    ax.axhline(1.0, color="black", linewidth=1, linestyle="--", label="vLLM 0.33.0 (1x)")
+    ax.axhline(2.0, color="gray", linewidth=1, linestyle=":", label="target (2x)")
+    ax.set_xticks(range(len(policies)), [p.upper() for p in policies])
+    ax.set_ylabel("speed vs vLLM's manager (x, higher is faster)")
+    ax.set_title(
+        f"Manager calls on one trace ({meta['calls']:,} calls, median of {meta['repeats']})",
+        fontsize=10,
+    )
+    ax.legend(loc="upper left", fontsize=8, frameon=False, ncols=2)
+    ax.set_ylim(0, max([r["speedup"] or 0 for r in rows] + [2.0]) * 1.3)
     fig.tight_layout()
     fig.savefig(out / "manager.png", dpi=120)
     plt.close(fig)
+    print(f"wrote {out / 'manager.png'}")
+
+
+def run_policy(
+    policy: str, args: argparse.Namespace, requests: list, progress: Callable
+) -> list[dict]:
+    rng = random.Random(args.seed + 1)
+    ops = record_trace(
+        requests,
+        args.chunks,
+        policy,
+        groups=args.groups,
+        concurrency=args.concurrency,
+        chunks_per_step=args.chunks_per_step,
+        failure_rate=0.01,
+        rng=rng,
+    )
+    impls = implementations(args.chunks, policy)
+    check_same_answers(impls, ops, requests, args.groups)
+    times: dict[str, list[float]] = {impl.name: [] for impl in impls}
+    lookups: dict[str, list[float]] = {impl.name: [] for impl in impls}
+    keys = lookup_keys(requests, rng, 20_000)
+    for rep in range(args.repeats):
+        progress(f"{policy}: repeat {rep + 1}/{args.repeats}")
+        order = impls if rep % 2 == 0 else impls[::-1]  # alternate who goes first
+        for impl in order:
+            manager, calls, contexts = impl.fresh(ops, requests, args.groups)
+            times[impl.name].append(replay(calls))
+            lookups[impl.name].append(time_lookups(manager, contexts[-1], keys))
+    vllm = "vLLM CPUOffloadingManager"
+    base = statistics.median(times[vllm]) if vllm in times else None
+    base_lookup = statistics.median(lookups[vllm]) if vllm in times else None
+    rows = []
+    for impl in impls:
+        t = statistics.median(times[impl.name])
+        lk = statistics.median(lookups[impl.name])
+        rows.append(
+            {
+                "policy": policy,
+                "impl": impl.name,
+                "api": impl.api,
+                "calls": len(ops),
+                "trace_ms": t * 1e3,
+                "us_per_call": t / len(ops) * 1e6,
+                "speedup": base / t if base else None,
+                "lookups_per_s": 1 / lk,
+                "lookup_speedup": base_lookup / lk if base_lookup else None,
+            }
+        )
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="5k requests (a few seconds)")
-    parser.add_argument("--requests", type=int, default=None)
-    parser.add_argument("--prefixes", type=int, default=2000)
-    parser.add_argument("--zipf", type=float, default=1.1)
-    parser.add_argument("--chunks", type=int, default=20_000, help="host store capacity")
+    size = parser.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help="the default: 1,500 requests")
+    size.add_argument("--full", action="store_true", help="20,000 requests (~0.5M calls; minutes)")
+    parser.add_argument("--requests", type=_positive_int, help="requests in the trace")
+    parser.add_argument("--prefixes", type=_positive_int, default=300, help="shared prefixes")
+    parser.add_argument("--zipf", type=_positive_float, default=1.1, help="prefix popularity skew")
+    parser.add_argument("--chunks", type=_positive_int, default=2_000, help="host store capacity")
+    parser.add_argument("--groups", type=_positive_int, default=1, help="KV-cache groups")
+    parser.add_argument("--concurrency", type=_positive_int, default=8, help="requests in flight")
+    parser.add_argument("--chunks-per-step", type=_positive_int, default=4, help="offered per step")
+    parser.add_argument("--repeats", type=_positive_int, default=5, help="timed replays (median)")
+    parser.add_argument("--policies", nargs="+", choices=("lru", "arc"), default=["lru", "arc"])
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", action="store_true", help="print the result as JSON only")
     parser.add_argument(
         "--out", type=pathlib.Path, default=pathlib.Path(__file__).parent / "results"
     )
     args = parser.parse_args(argv)
-    num_requests = args.requests or (5_000 if args.quick else 100_000)
-    trace = make_trace(num_requests, args.prefixes, args.zipf, args.seed)
-    runners: list[Callable[..., dict[str, float] | None]] = [run_ours, run_vllm]
+    num_requests = args.requests or (20_000 if args.full else 1_500)
+    requests = make_requests(
+        num_requests, args.prefixes, args.zipf, args.groups, random.Random(args.seed)
+    )
+
+    def progress(text: str) -> None:
+        print(f"\r{text} ...", end="", file=sys.stderr, flush=True)
+
     rows = []
-    for policy in ("lru", "arc"):
-        for runner in runners:
-            row = runner(trace, args.chunks, policy)
-            if row is not None:
-                rows.append(row)
-    if not any(r["impl"] == "vllm" for r in rows):
-        print("vllm not importable: comparison skipped")
-    header = f"{'impl':<14}{'policy':<8}{'lookups/s':>14}{'offers/s':>14}{'req/s':>10}{'hit':>7}"
-    print(header)
-    for r in rows:
-        print(
-            f"{r['impl']:<14}{r['policy']:<8}{r['lookups_per_s']:>14,.0f}"
-            f"{r['store_offers_per_s']:>14,.0f}{r['requests_per_s']:>10,.0f}{r['hit_rate']:>7.1%}"
-        )
-    write_outputs(rows, args.out)
+    for policy in args.policies:
+        rows += run_policy(policy, args, requests, progress)
+    print("\r" + " " * 40 + "\r", end="", file=sys.stderr, flush=True)
+    meta = {
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": (
+            f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}"
+        ),
+        "requests": num_requests,
+        "calls": rows[0]["calls"],
+        "chunks": args.chunks,
+        "repeats": args.repeats,
+        "vllm": any(r["impl"].startswith("vLLM") for r in rows),
+    }
+    if args.json:
+        print(json.dumps({"meta": meta, "rows": rows}, indent=1))
+        with contextlib.redirect_stdout(sys.stderr):
+            write_outputs(rows, meta, args.out)
+        return 0
+    print(
+        f"Manager calls on one recorded trace: {num_requests:,} requests, {args.chunks:,} chunks, "
+        f"median of {args.repeats} alternating replays ({meta['machine']})"
+    )
+    if not meta["vllm"]:
+        print("vLLM is not importable: only our own API runs (no comparison)")
+    print_table(rows)
+    print(
+        "x vLLM: vLLM's CPU time / this CPU time for the same calls (>1 = faster); "
+        "lookups/s: lookup alone, on the state the trace left"
+    )
+    write_outputs(rows, meta, args.out)
     return 0
 
 

@@ -3,34 +3,91 @@
 
 Built on first use by `build_manager_class()`, which imports vLLM; importing this module
 does not. The adapter translates types only; every decision (allocation, eviction,
-pins, events, stats) is the host store's, which follows `CPUOffloadingManager`.
+pins, events, stats) is the host store's, which follows `CPUOffloadingManager` call for
+call (tests/bridge/test_vllm_manager_diff.py checks that on random traces).
+
+vLLM's own `ReqContext` is handed to the store and its policies unchanged: it has the
+methods the store reads (`get_offload_key_position`, `get_state`, `set_state`), so
+positions the scheduler records later are seen, and nothing is copied per call.
+`install_vllm_types()` makes that explicit (vLLM's `ReqContext` becomes a virtual
+subclass of our `AbstractRequestContext`, its `CachePolicy` one of our
+`AbstractEvictionPolicy`) and lets the store resolve policy names registered with
+vLLM's `CachePolicyFactory`.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterator, Mapping
 from typing import Any
 
-from jax_kvoffload.store import HostStore, RequestContext
+from jax_kvoffload.store import (
+    AbstractEvictionPolicy,
+    AbstractRequestContext,
+    HostStore,
+    StoreError,
+    StoreTypeError,
+    add_policy_resolver,
+)
 
-__all__ = ["build_manager_class"]
+__all__ = ["build_manager_class", "install_vllm_types", "store_options"]
 
 
-def _our_context(req_context: Any, keys: Collection[bytes] = ()) -> RequestContext:
-    """Our context for a vLLM `ReqContext`, kept in its per-type scratch state.
+def _int_option(extra: Mapping[str, Any], key: str, default: int) -> int:
+    """`int(extra[key])` as vLLM's CPU spec reads it, with errors naming the key."""
+    value = extra.get(key, default)
+    try:
+        return int(value)
+    except TypeError:
+        raise StoreTypeError(
+            f"kv_connector_extra_config[{key!r}] must be an integer (or a decimal "
+            f"string), got {type(value).__name__}: {value!r}."
+        ) from None
+    except ValueError:
+        raise StoreError(
+            f"kv_connector_extra_config[{key!r}]={value!r} is not an integer; "
+            f"e.g. {{{key!r}: {default}}}."
+        ) from None
 
-    vLLM's scheduler records each key's end position on its own context; they are
-    copied over for the keys of the call, so the eviction policy ranks them the same."""
-    ours = req_context.get_state(RequestContext)
-    if ours is None:
-        ours = RequestContext(str(req_context.req_id))
-        req_context.set_state(ours)
-    for key in keys:
-        position = req_context.get_offload_key_position(key)
-        if position is not None:
-            ours.set_key_position(bytes(key), position)
-    return ours
+
+def store_options(extra_config: Mapping[str, Any], eviction_policy: str) -> dict[str, Any]:
+    """`HostStore` keyword arguments as vLLM's `CPUOffloadingSpec.get_manager` reads them.
+
+    `eviction_policy` (vLLM-registered names resolve too, see `install_vllm_types`),
+    `cache_policy_module_path`, `store_threshold` and `max_tracker_size`. vLLM treats a
+    threshold below 2 as off and a negative tracker size as 0; the store spells both
+    as 0.
+    """
+    install_vllm_types()
+    return {
+        "eviction_policy": eviction_policy,
+        "cache_policy_module_path": extra_config.get("cache_policy_module_path"),
+        "store_threshold": max(_int_option(extra_config, "store_threshold", 0), 0),
+        "max_tracker_size": max(_int_option(extra_config, "max_tracker_size", 64_000), 0),
+    }
+
+
+def _vllm_policy(name: str) -> type | None:
+    """A policy registered with vLLM's `CachePolicyFactory`, or None."""
+    from vllm.v1.kv_offload.cpu.policies.factory import CachePolicyFactory
+
+    # vLLM's factory raises ValueError for a name it does not know (without a module
+    # path); module paths are resolved by our registry, as vLLM resolves them.
+    try:
+        return CachePolicyFactory.get_cache_policy_cls(name, None)
+    except ValueError:
+        return None
+
+
+@functools.cache
+def install_vllm_types() -> None:
+    """Lets the store accept vLLM's request contexts and vLLM-style policies."""
+    from vllm.v1.kv_offload.base import ReqContext
+    from vllm.v1.kv_offload.cpu.policies.base import CachePolicy
+
+    AbstractRequestContext.register(ReqContext)
+    AbstractEvictionPolicy.register(CachePolicy)
+    add_policy_resolver(_vllm_policy)
 
 
 @functools.cache
@@ -42,6 +99,28 @@ def build_manager_class() -> type:
     from vllm.v1.kv_offload import base
     from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec, CPUOffloadingMetrics
     from vllm.v1.metrics.cache_hit_source import CacheHitSource
+
+    install_vllm_types()
+    hit, miss, hit_pending = (
+        base.LookupResult.HIT,
+        base.LookupResult.MISS,
+        base.LookupResult.HIT_PENDING,
+    )
+    host = CacheHitSource.HOST
+    cpu = base.Medium.CPU
+    output_cls, event_cls = base.PrepareStoreOutput, base.OffloadingEvent
+
+    def make_event(keys: tuple, removed: bool, metadata_only: bool) -> Any:
+        # The store builds vLLM's events directly when they are taken (no second copy).
+        return event_cls(list(keys), cpu, removed, metadata_only=metadata_only)
+
+    usage, write_usage, read_usage, alloc_size, skipped = (
+        CPUOffloadingMetrics.CPU_CACHE_USAGE_PERC,
+        CPUOffloadingMetrics.CPU_CACHE_WRITE_USAGE_PERC,
+        CPUOffloadingMetrics.CPU_CACHE_READ_USAGE_PERC,
+        CPUOffloadingMetrics.CPU_ALLOCATION_SIZE,
+        CPUOffloadingMetrics.STORES_SKIPPED,
+    )
 
     class JaxOffloadingManager(base.OffloadingManager):
         """vLLM's manager protocol over a `HostStore` (one scheduler thread, so the
@@ -55,78 +134,71 @@ def build_manager_class() -> type:
         def __init__(self, store: HostStore, config_info: Any = None) -> None:
             self.store = store
             self._config_info = dict(config_info or {})
+            # The scheduler calls lookup for every chunk of every request: the store's
+            # own closure, answering vLLM's enum members (one Python frame).
+            self.lookup = store.lookup_function(miss, hit, hit_pending)
+            self._prepare_load = store.prepare_load
+            self._prepare_store = store.prepare_store
+            # Same signature and answer as vLLM's: the store's methods themselves.
+            self.touch = store.touch
+            self.complete_load = store.complete_load
+            self.on_request_finished = store.on_request_finished
+            self.reset_cache = store.reset_cache
 
-        def lookup(self, key: Any, req_context: Any) -> Any:
-            result = self.store.lookup(key, _our_context(req_context))
-            return base.LookupResult[result.name]
+        def lookup(self, key: Any, req_context: Any) -> Any:  # replaced per instance
+            return self.store.lookup_function(miss, hit, hit_pending)(key, req_context)
 
         def get_load_source(self, key: Any, req_context: Any) -> Any:
-            return CacheHitSource.HOST
+            return host
 
         def prepare_load(self, keys: Collection[Any], req_context: Any) -> Any:
-            keys = list(keys)
-            return CPULoadStoreSpec(
-                list(self.store.prepare_load(keys, _our_context(req_context, keys)))
-            )
+            return CPULoadStoreSpec(self._prepare_load(keys, req_context))
 
-        def touch(self, keys: Collection[Any], req_context: Any) -> None:
-            keys = list(keys)
-            self.store.touch(keys, _our_context(req_context, keys))
+        def touch(self, keys: Collection[Any], req_context: Any) -> None:  # replaced
+            self.store.touch(keys, req_context)
 
-        def complete_load(self, keys: Collection[Any], req_context: Any) -> None:
-            keys = list(keys)
-            self.store.complete_load(keys, _our_context(req_context, keys))
+        def complete_load(self, keys: Collection[Any], req_context: Any) -> None:  # replaced
+            self.store.complete_load(keys, req_context)
 
         def prepare_store(self, keys: Collection[Any], req_context: Any) -> Any:
-            keys = list(keys)
-            out = self.store.prepare_store(keys, _our_context(req_context, keys))
+            out = self._prepare_store(keys, req_context)
             if out is None:
                 return None
-            return base.PrepareStoreOutput(
-                keys_to_store=list(out.keys_to_store),
-                store_spec=CPULoadStoreSpec(list(out.chunk_ids)),
-                evicted_keys=list(out.evicted_keys),
+            return output_cls(
+                list(out.keys_to_store),
+                CPULoadStoreSpec(out.chunk_ids),
+                list(out.evicted_keys),
             )
 
         def complete_store(
             self, keys: Collection[Any], req_context: Any, success: bool = True
         ) -> None:
-            keys = list(keys)
-            self.store.complete_store(keys, success, _our_context(req_context, keys))
+            self.store.complete_store(keys, success, req_context)
 
         def on_new_request(self, req_context: Any) -> Any:
-            self.store.on_new_request(_our_context(req_context))
+            self.store.on_new_request(req_context)
             return base.RequestOffloadingContext()
 
-        def on_request_finished(self, req_context: Any) -> None:
-            self.store.on_request_finished(_our_context(req_context))
+        def on_request_finished(self, req_context: Any) -> None:  # replaced per instance
+            self.store.on_request_finished(req_context)
 
         def take_events(self) -> Iterator[Any]:
-            for event in self.store.take_events():
-                yield base.OffloadingEvent(
-                    keys=list(event.keys),
-                    medium=base.Medium[event.medium.name],
-                    removed=event.removed,
-                    metadata_only=event.metadata_only,
-                )
+            # A generator, as vLLM's: the events are detached at the first next().
+            yield from self.store.take_events(make_event)
 
-        def reset_cache(self) -> None:
+        def reset_cache(self) -> None:  # replaced per instance
             self.store.reset_cache()
 
         def get_stats(self) -> Any:
             s = self.store.get_stats()
             stats = OffloadingConnectorStats()
-            stats.set_gauge(CPUOffloadingMetrics.CPU_CACHE_USAGE_PERC, s.cpu_cache_usage_perc)
+            stats.set_gauge(usage, s.cpu_cache_usage_perc)
             for size in s.cpu_allocation_size:
-                stats.observe_histogram(CPUOffloadingMetrics.CPU_ALLOCATION_SIZE, size)
-            stats.set_gauge(
-                CPUOffloadingMetrics.CPU_CACHE_WRITE_USAGE_PERC, s.cpu_cache_write_usage_perc
-            )
-            stats.set_gauge(
-                CPUOffloadingMetrics.CPU_CACHE_READ_USAGE_PERC, s.cpu_cache_read_usage_perc
-            )
+                stats.observe_histogram(alloc_size, size)
+            stats.set_gauge(write_usage, s.cpu_cache_write_usage_perc)
+            stats.set_gauge(read_usage, s.cpu_cache_read_usage_perc)
             if s.stores_skipped is not None:
-                stats.increase_counter(CPUOffloadingMetrics.STORES_SKIPPED, s.stores_skipped)
+                stats.increase_counter(skipped, s.stores_skipped)
             return stats
 
         def config_info(self) -> list[Any]:

@@ -171,14 +171,12 @@ def build_spec_classes() -> dict[str, type]:
 
         def get_manager(self) -> Any:
             if self._manager is None:
-                extra = self.extra_config
+                from jax_kvoffload.bridge._vllm_manager import store_options
+
                 store = HostStore(
                     self.num_chunks,
-                    eviction_policy=self.eviction_policy,
-                    cache_policy_module_path=extra.get("cache_policy_module_path"),
-                    enable_events=self.kv_events_config.enable_kv_cache_events,
-                    store_threshold=int(extra.get("store_threshold", 0)),
-                    max_tracker_size=int(extra.get("max_tracker_size", 64_000)),
+                    enable_events=bool(self.kv_events_config.enable_kv_cache_events),
+                    **store_options(self.extra_config, self.eviction_policy),
                 )
                 self._manager = manager_cls(store, self.cpu_info.as_config_info())
             return self._manager

@@ -10,6 +10,7 @@ from ._arc import ARCPolicy as ARCPolicy
 from ._capacity import HOST_PAGE_SIZE as HOST_PAGE_SIZE
 from ._capacity import CPUTierCapacity as CPUTierCapacity
 from ._capacity import cpu_tier_capacity as cpu_tier_capacity
+from ._context import AbstractRequestContext as AbstractRequestContext
 from ._context import LookupResult as LookupResult
 from ._context import RequestContext as RequestContext
 from ._errors import CapacityError as CapacityError
@@ -17,7 +18,10 @@ from ._errors import DuplicatePolicyError as DuplicatePolicyError
 from ._errors import KeyNotPinnedError as KeyNotPinnedError
 from ._errors import KeyNotReadyError as KeyNotReadyError
 from ._errors import KeyNotStoredError as KeyNotStoredError
+from ._errors import PolicyContractError as PolicyContractError
+from ._errors import PolicyImportError as PolicyImportError
 from ._errors import StoreError as StoreError
+from ._errors import StoreTypeError as StoreTypeError
 from ._errors import UnknownPolicyError as UnknownPolicyError
 from ._events import Medium as Medium
 from ._events import OffloadingEvent as OffloadingEvent
@@ -31,11 +35,13 @@ from ._manager import PrepareStoreOutput as PrepareStoreOutput
 from ._policy_base import AbstractEvictionPolicy as AbstractEvictionPolicy
 from ._policy_base import ChunkStatus as ChunkStatus
 from ._policy_base import order_request_keys as order_request_keys
+from ._registry import add_policy_resolver as add_policy_resolver
 from ._registry import get_policy_class as get_policy_class
 from ._registry import policy_names as policy_names
 from ._registry import register_policy as register_policy
 from ._stats import ALLOCATION_SIZE_BUCKETS as ALLOCATION_SIZE_BUCKETS
 from ._stats import METRIC_NAMES as METRIC_NAMES
+from ._stats import StoreCounters as StoreCounters
 from ._stats import StoreStats as StoreStats
 
 __all__ = (
@@ -44,6 +50,7 @@ __all__ = (
     "METRIC_NAMES",
     "ARCPolicy",
     "AbstractEvictionPolicy",
+    "AbstractRequestContext",
     "CPUTierCapacity",
     "CapacityError",
     "ChunkStatus",
@@ -57,12 +64,17 @@ __all__ = (
     "Medium",
     "OffloadKey",
     "OffloadingEvent",
+    "PolicyContractError",
+    "PolicyImportError",
     "PrepareStoreOutput",
     "RequestContext",
     "RequestFinishedError",
+    "StoreCounters",
     "StoreError",
     "StoreStats",
+    "StoreTypeError",
     "UnknownPolicyError",
+    "add_policy_resolver",
     "cpu_tier_capacity",
     "get_offload_block_hash",
     "get_offload_group_idx",

@@ -6,15 +6,21 @@ from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from typing import final
 
-from ._context import RequestContext
+from ._context import AbstractRequestContext as RequestContext
 from ._keys import OffloadKey
-from ._policy_base import AbstractEvictionPolicy, ChunkStatus, order_request_keys, override
+from ._policy_base import (
+    AbstractEvictionPolicy,
+    BatchHooks,
+    ChunkStatus,
+    order_request_keys,
+    override,
+)
 
 __all__ = ["ARCPolicy"]
 
 
 @final
-class ARCPolicy(AbstractEvictionPolicy):
+class ARCPolicy(AbstractEvictionPolicy, BatchHooks):
     """Adaptive Replacement Cache over chunks.
 
     ``t1`` holds chunks used once (inserted, not yet reused), ``t2`` chunks reused at
@@ -72,6 +78,28 @@ class ARCPolicy(AbstractEvictionPolicy):
         self.b2.pop(key, None)
 
     @override
+    def insert_many(
+        self,
+        keys: Sequence[OffloadKey],
+        chunks: Sequence[ChunkStatus],
+        ctx: RequestContext | None,
+    ) -> None:
+        t1, index, b1, b2 = self.t1, self._index, self.b1, self.b2
+        for key, chunk in zip(keys, chunks, strict=True):
+            t1[key] = chunk
+            index[key] = chunk
+            b1.pop(key, None)
+            b2.pop(key, None)
+
+    @override
+    def mark_evictable_many(self, keys: Sequence[OffloadKey]) -> None:
+        return  # ARC reads ref counts when it evicts; nothing to track
+
+    @override
+    def mark_non_evictable_many(self, keys: Sequence[OffloadKey]) -> None:
+        return
+
+    @override
     def remove(self, key: OffloadKey) -> None:
         self._index.pop(key, None)
         if self.t1.pop(key, None) is None:
@@ -89,13 +117,15 @@ class ARCPolicy(AbstractEvictionPolicy):
                     t1[key] = chunk
             elif key in t2:
                 t2.move_to_end(key)
-            else:
+            elif key in self.b1 or key in self.b2:
                 self._adapt_to_ghost_hit(key)
 
     @override
     def on_store_miss(self, keys: Sequence[OffloadKey], ctx: RequestContext | None) -> None:
+        b1, b2 = self.b1, self.b2
         for key in reversed(keys):
-            self._adapt_to_ghost_hit(key)
+            if key in b1 or key in b2:  # most misses are no ghost: skip the call
+                self._adapt_to_ghost_hit(key)
 
     @override
     def on_request_finished(

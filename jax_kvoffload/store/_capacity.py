@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import mmap
 
-from ._errors import MISSING_BUDGET_MESSAGE, CapacityError
+from ._errors import MISSING_BUDGET_MESSAGE, CapacityError, StoreTypeError
 
 __all__ = ["HOST_PAGE_SIZE", "CPUTierCapacity", "cpu_tier_capacity"]
 
@@ -42,9 +42,9 @@ def _parse_budget(cpu_bytes_to_use: object) -> int:
             '{"cpu_bytes_to_use": 8 << 30} for 8 GiB of host memory.'
         )
     if isinstance(cpu_bytes_to_use, bool) or not isinstance(cpu_bytes_to_use, (int, str)):
-        raise TypeError(
+        raise StoreTypeError(
             "cpu_bytes_to_use must be an int (or a decimal string, as vLLM's extra "
-            f"config allows), got {type(cpu_bytes_to_use).__name__}."
+            f"config allows), got {type(cpu_bytes_to_use).__name__}: {cpu_bytes_to_use!r}."
         )
     try:
         budget = int(cpu_bytes_to_use)
@@ -61,7 +61,7 @@ def _parse_budget(cpu_bytes_to_use: object) -> int:
 
 def _check_count(name: str, value: object, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}.")
+        raise StoreTypeError(f"{name} must be an int, got {type(value).__name__}: {value!r}.")
     if value < minimum:
         raise CapacityError(f"{name}={value} must be >= {minimum}.")
     return value
@@ -97,15 +97,16 @@ def cpu_tier_capacity(
     Raises:
       CapacityError: if ``cpu_bytes_to_use`` is missing, zero, negative or not a
         number, or a count is out of range.
-      TypeError: if an argument has the wrong type.
+      StoreTypeError: if an argument has the wrong type.
     """
     budget = _parse_budget(cpu_bytes_to_use)
     wkb = _check_count("worker_kv_bytes_per_block", worker_kv_bytes_per_block, 0)
     world = _check_count("world_size", world_size, 1)
     page = _check_count("page_size", page_size, 1)
     if not isinstance(replicated_layout, bool):
-        raise TypeError(
-            f"replicated_layout must be a bool, got {type(replicated_layout).__name__}."
+        raise StoreTypeError(
+            f"replicated_layout must be a bool, got {type(replicated_layout).__name__}: "
+            f"{replicated_layout!r}."
         )
     if wkb == 0:
         return CPUTierCapacity(num_chunks=0, kv_bytes_per_chunk=0, cpu_page_size_per_worker=0)

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import abc
 import enum
 from typing import TypeVar
 
-__all__ = ["LookupResult", "RequestContext"]
+from ._errors import StoreError, StoreTypeError
+
+__all__ = ["AbstractRequestContext", "LookupResult", "RequestContext", "check_context"]
 
 _T = TypeVar("_T")
 
@@ -28,7 +31,37 @@ class LookupResult(enum.Enum):
     RETRY = "retry"
 
 
-class RequestContext:
+class AbstractRequestContext(abc.ABC):
+    """What the store and its policies read from a per-request context.
+
+    The method names are vLLM 0.33.0's ``ReqContext`` names, so that vLLM's own
+    context passes straight through the bridge (which registers it as a virtual
+    subclass) and policies written for vLLM read positions the way they do there.
+
+    Contract: ``get_offload_key_position`` is a pure lookup; ``get_state`` /
+    ``set_state`` keep one scratch object per class (components tag their state with
+    an owner and a cache generation, so a foreign or stale object is ignored).
+
+    Attributes:
+      req_id: The engine's request id (messages and logs only).
+    """
+
+    req_id: str
+
+    @abc.abstractmethod
+    def get_offload_key_position(self, key: bytes) -> int | None:
+        """Returns the recorded end token position of ``key``, or None."""
+
+    @abc.abstractmethod
+    def get_state(self, cls: type[_T]) -> _T | None:
+        """Returns the scratch state of class ``cls``, or None."""
+
+    @abc.abstractmethod
+    def set_state(self, state: object) -> None:
+        """Stores ``state`` as the scratch state of its class."""
+
+
+class RequestContext(AbstractRequestContext):
     """Per-request state shared by the manager and the eviction policy.
 
     One context lives as long as one engine request (vLLM's ``ReqContext``). The
@@ -38,6 +71,9 @@ class RequestContext:
     the context, one object per state class, tagged with the owner and the cache
     generation so that a ``reset_cache()`` invalidates it.
 
+    ``get_offload_key_position`` / ``set_offload_key_position`` are vLLM's names for
+    ``get_key_position`` / ``set_key_position`` (policies written for vLLM call them).
+
     Attributes:
       req_id: The engine's request id, used only in messages and logs.
     """
@@ -46,7 +82,10 @@ class RequestContext:
 
     def __init__(self, req_id: str = "") -> None:
         if not isinstance(req_id, str):
-            raise TypeError(f"req_id must be a str, got {type(req_id).__name__}.")
+            raise StoreTypeError(
+                f"req_id must be a str, got {type(req_id).__name__}: {req_id!r}; "
+                "pass the engine's request id as text."
+            )
         self.req_id = req_id
         self._positions: dict[bytes, int] = {}
         self._state: dict[type, object] = {}
@@ -61,17 +100,34 @@ class RequestContext:
           key: An offload key of this request.
           end_position: Tokens up to the end of the chunk, ``(k + 1) * tokens_per_chunk``
             for the k-th chunk; must be >= 0.
+
+        Raises:
+          StoreTypeError: if ``key`` is not bytes or ``end_position`` not an int.
+          StoreError: if ``end_position`` is negative.
         """
         if not isinstance(key, bytes):
-            raise TypeError(f"key must be bytes, got {type(key).__name__}.")
+            raise StoreTypeError(
+                f"key must be bytes (an offload key), got {type(key).__name__}: {key!r}."
+            )
         if isinstance(end_position, bool) or not isinstance(end_position, int):
-            raise TypeError(f"end_position must be an int, got {type(end_position).__name__}.")
+            raise StoreTypeError(
+                f"end_position must be an int, got {type(end_position).__name__}: {end_position!r}."
+            )
         if end_position < 0:
-            raise ValueError(f"end_position={end_position} must be >= 0.")
+            raise StoreError(
+                f"end_position={end_position} must be >= 0: it counts the tokens up to "
+                "the end of the chunk, (k + 1) * tokens_per_chunk for chunk k."
+            )
         self._positions[key] = end_position
+
+    set_offload_key_position = set_key_position
 
     def get_key_position(self, key: bytes) -> int | None:
         """Returns the recorded end position of ``key``, or None if none was recorded."""
+        return self._positions.get(key)
+
+    def get_offload_key_position(self, key: bytes) -> int | None:
+        """Returns the recorded end position of ``key`` (vLLM's name)."""
         return self._positions.get(key)
 
     def get_state(self, cls: type[_T]) -> _T | None:
@@ -81,3 +137,20 @@ class RequestContext:
     def set_state(self, state: object) -> None:
         """Stores ``state`` as the scratch state of its class (for store components)."""
         self._state[type(state)] = state
+
+
+# Context types already checked; `type(ctx) in` is the per-call fast path.
+_CONTEXT_TYPES: set[type] = {RequestContext}
+
+
+def check_context(ctx: object) -> None:
+    """Raises unless ``ctx`` is None or an ``AbstractRequestContext``."""
+    if ctx is None or type(ctx) in _CONTEXT_TYPES:
+        return
+    if isinstance(ctx, AbstractRequestContext):
+        _CONTEXT_TYPES.add(type(ctx))
+        return
+    raise StoreTypeError(
+        f"ctx must be a RequestContext (or vLLM's ReqContext through "
+        f"jax_kvoffload.bridge.vllm), or None; got {type(ctx).__name__}: {ctx!r}."
+    )

@@ -1,11 +1,21 @@
 """Exceptions raised by the host store.
 
-Every store error is a ``ValueError`` subclass: each one reports a value (a key, a
-budget, a policy name) that breaks a rule of the manager's call protocol. Where vLLM
-0.33.0 asserts, the message keeps vLLM's wording so logs read the same.
+Every store error derives from the library root (``jax_kvoffload.errors``): a wrong
+value is a ``StoreError`` (a ``KVOffloadValueError``, so a ``ValueError``): a key, a
+budget, a policy name that breaks a rule of the manager's call protocol; a wrong type
+is a ``StoreTypeError`` (a ``KVOffloadTypeError``, so a ``TypeError``). Messages name
+the parameter, show the value and give the fix. Where vLLM 0.33.0 asserts, the message
+starts with vLLM's wording so logs read the same.
 """
 
 from __future__ import annotations
+
+from jax_kvoffload.errors import (
+    KVOffloadError,
+    KVOffloadStateError,
+    KVOffloadTypeError,
+    KVOffloadValueError,
+)
 
 __all__ = [
     "CapacityError",
@@ -13,13 +23,20 @@ __all__ = [
     "KeyNotPinnedError",
     "KeyNotReadyError",
     "KeyNotStoredError",
+    "PolicyContractError",
+    "PolicyImportError",
     "StoreError",
+    "StoreTypeError",
     "UnknownPolicyError",
 ]
 
 
-class StoreError(ValueError):
+class StoreError(KVOffloadValueError):
     """Base class of every error the host store raises on a wrong value."""
+
+
+class StoreTypeError(KVOffloadTypeError):
+    """An argument of a store call has the wrong type (a key that is not bytes, ...)."""
 
 
 class KeyNotStoredError(StoreError):
@@ -41,12 +58,23 @@ class KeyNotPinnedError(StoreError):
     """``complete_load`` was called for a key with no load in flight (ref count 0)."""
 
 
+class PolicyContractError(KVOffloadStateError):
+    """An eviction policy broke its contract (e.g. ``evict(n)`` returned m != n chunks).
+
+    A bug in the policy, not in the caller's input; the store's state is unchanged.
+    """
+
+
 class CapacityError(StoreError):
     """The host-tier byte budget (``cpu_bytes_to_use``) or chunk size is invalid."""
 
 
 class UnknownPolicyError(StoreError):
     """The eviction policy name is neither built in nor registered."""
+
+
+class PolicyImportError(KVOffloadError, ImportError):
+    """``cache_policy_module_path`` cannot be imported (an ``ImportError``, as in vLLM)."""
 
 
 class DuplicatePolicyError(StoreError):

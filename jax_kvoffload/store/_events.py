@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import dataclasses
 import enum
+from typing import NamedTuple
 
 from ._keys import OffloadKey
 
@@ -17,10 +17,11 @@ class Medium(enum.Enum):
     STORAGE = "STORAGE"
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class OffloadingEvent:
+class OffloadingEvent(NamedTuple):
     """One batch of keys stored into or removed from a tier (vLLM's ``OffloadingEvent``,
     ``vllm/v1/kv_offload/base.py``).
+
+    An immutable named tuple (cheap to build: the scheduler drains events every step).
 
     Attributes:
       keys: The keys, in the order the manager processed them.

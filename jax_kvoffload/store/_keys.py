@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import NewType
 
+from ._errors import StoreError, StoreTypeError
+
 __all__ = [
     "GROUP_IDX_BYTES",
     "OffloadKey",
@@ -37,26 +39,34 @@ def make_offload_key(block_hash: bytes, group_idx: int) -> OffloadKey:
       ``block_hash + group_idx.to_bytes(4, "big")``, vLLM 0.33.0's layout.
 
     Raises:
-      TypeError: if ``block_hash`` is not bytes or ``group_idx`` is not an int.
-      ValueError: if ``group_idx`` is out of range.
+      StoreTypeError: if ``block_hash`` is not bytes or ``group_idx`` is not an int.
+      StoreError: if ``group_idx`` is out of range.
     """
     if not isinstance(block_hash, bytes):
-        raise TypeError(
-            f"block_hash must be bytes, got {type(block_hash).__name__}; "
+        raise StoreTypeError(
+            f"block_hash must be bytes, got {type(block_hash).__name__}: {block_hash!r}; "
             "convert the engine's hash with bytes(...) first."
         )
     if isinstance(group_idx, bool) or not isinstance(group_idx, int):
-        raise TypeError(f"group_idx must be an int, got {type(group_idx).__name__}.")
+        raise StoreTypeError(
+            f"group_idx must be an int, got {type(group_idx).__name__}: {group_idx!r}."
+        )
     if not 0 <= group_idx <= _MAX_GROUP_IDX:
-        raise ValueError(f"group_idx={group_idx} must be in [0, 2**32).")
+        raise StoreError(
+            f"group_idx={group_idx} must be in [0, 2**32): it is the KV-cache group's "
+            "index, packed into 4 bytes."
+        )
     return OffloadKey(block_hash + group_idx.to_bytes(GROUP_IDX_BYTES, "big"))
 
 
 def _check_key_length(key: bytes) -> None:
     if not isinstance(key, bytes):
-        raise TypeError(f"an offload key must be bytes, got {type(key).__name__}.")
+        raise StoreTypeError(
+            f"key must be bytes (an offload key), got {type(key).__name__}: {key!r}; "
+            "build keys with make_offload_key()."
+        )
     if len(key) < GROUP_IDX_BYTES:
-        raise ValueError(
+        raise StoreError(
             f"offload key {key!r} has {len(key)} bytes; a key ends with a "
             f"{GROUP_IDX_BYTES}-byte group index, build it with make_offload_key()."
         )
@@ -78,23 +88,32 @@ def check_keys(keys: Iterable[object], name: str = "keys") -> list[OffloadKey]:
     """Returns ``keys`` as a list after checking that each one is bytes.
 
     Raises:
-      TypeError: if ``keys`` is a bytes object itself (a single key passed where a
-        sequence is expected) or an element is not bytes.
-      ValueError: if a key is shorter than the 4-byte group index.
+      StoreTypeError: if ``keys`` is not iterable, is a bytes object itself (a single
+        key passed where a sequence is expected), or an element is not bytes.
+      StoreError: if a key is shorter than the 4-byte group index.
     """
-    if isinstance(keys, (bytes, bytearray, str)):
-        raise TypeError(
+    if type(keys) is list:
+        out = keys  # not copied: the store keeps no reference to the caller's list
+    elif isinstance(keys, (bytes, bytearray, str)):
+        raise StoreTypeError(
             f"{name} must be a sequence of bytes keys, got a single "
-            f"{type(keys).__name__}; wrap it in a list."
+            f"{type(keys).__name__} {keys!r}; wrap it in a list."
         )
-    out = list(keys)
+    else:
+        try:
+            out = list(keys)
+        except TypeError:
+            raise StoreTypeError(
+                f"{name} must be a sequence of bytes keys, got {type(keys).__name__}: {keys!r}."
+            ) from None
     for key in out:
         # The exact-type test is the fast path; subclasses of bytes are accepted too.
         if type(key) is not bytes and not isinstance(key, bytes):
-            raise TypeError(
+            raise StoreTypeError(
                 f"every element of {name} must be bytes (an offload key), "
-                f"got {type(key).__name__}: {key!r}."
+                f"got {type(key).__name__}: {key!r}; build keys with make_offload_key()."
             )
-        if len(key) < GROUP_IDX_BYTES:
+    if out and min(map(len, out)) < GROUP_IDX_BYTES:
+        for key in out:
             _check_key_length(key)
     return out  # type: ignore[return-value]

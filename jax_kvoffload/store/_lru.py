@@ -7,15 +7,26 @@ import heapq
 from collections.abc import Iterable, Sequence
 from typing import final
 
-from ._context import RequestContext
+from ._context import AbstractRequestContext as RequestContext
+from ._errors import StoreError
 from ._keys import OffloadKey
-from ._policy_base import AbstractEvictionPolicy, ChunkStatus, order_request_keys, override
+from ._policy_base import (
+    AbstractEvictionPolicy,
+    BatchHooks,
+    ChunkStatus,
+    order_request_keys,
+    override,
+)
 
 __all__ = ["LRUPolicy"]
 
-# (rank, key). A rank is (global or request rank, -end position); smaller = older.
-_Rank = tuple[int, int]
-_Entry = tuple[_Rank, OffloadKey]
+# vLLM ranks a chunk by a tuple (rank, -end position) (rank alone for global ranks,
+# whose second item is 0). Here the pair is one int, rank * _SCALE - position: the
+# same order for every |position| < _SCALE / 2 (2**41 tokens), and a heap of
+# (int, key) entries compares in C without building or walking nested tuples
+# (measured: 2x faster heap operations than ((rank, -position), key) entries).
+_SCALE = 1 << 42
+_MAX_POSITION = _SCALE >> 1
 
 # vLLM's heap-maintenance thresholds: below 64 entries rebuilding never pays off.
 _MIN_HEAP_WORK = 64
@@ -28,8 +39,15 @@ class _RequestRank:
     rank: int
 
 
+def _position_error(position: object) -> StoreError:
+    return StoreError(
+        f"end position {position!r} is out of range: LRU ranks positions in "
+        f"(-2**41, 2**41) tokens; record (k + 1) * tokens_per_chunk for chunk k."
+    )
+
+
 @final
-class LRUPolicy(AbstractEvictionPolicy):
+class LRUPolicy(AbstractEvictionPolicy, BatchHooks):
     """Least recently used, with recency decoupled from pinning.
 
     Every chunk has a rank; the evictable chunk with the smallest rank goes first.
@@ -49,25 +67,22 @@ class LRUPolicy(AbstractEvictionPolicy):
         super().__init__(cache_capacity)
         self._chunks: dict[OffloadKey, ChunkStatus] = {}
         self.get = self._chunks.get  # type: ignore[method-assign]  # C-level hot path
-        self._ranks: dict[OffloadKey, _Rank] = {}
+        self._ranks: dict[OffloadKey, int] = {}  # coded, see _SCALE
         self._evictable: set[OffloadKey] = set()
-        self._heap: list[_Entry] = []
+        self._heap: list[tuple[int, OffloadKey]] = []
         self._next_rank = 0
         self._generation = 0
 
     # --- ranks and heap ---
 
     def _request_rank(self, ctx: RequestContext) -> int:
+        """The request's rank, times _SCALE (taken at its first access)."""
         state = ctx.get_state(_RequestRank)
         if state is None or state.owner is not self or state.generation != self._generation:
             self._next_rank += 1
             state = _RequestRank(self, self._generation, self._next_rank)
             ctx.set_state(state)
-        return state.rank
-
-    def _maybe_compact_heap(self) -> None:
-        if len(self._heap) >= max(_MIN_HEAP_WORK, 2 * len(self._evictable)):
-            self._rebuild_heap()
+        return state.rank * _SCALE
 
     def _rebuild_heap(self) -> None:
         ranks = self._ranks
@@ -81,10 +96,11 @@ class LRUPolicy(AbstractEvictionPolicy):
         if len(updated) >= max(_MIN_HEAP_WORK, len(self._evictable) // 4):
             self._rebuild_heap()
             return
-        ranks, heap = self._ranks, self._heap
+        ranks, heap, push = self._ranks, self._heap, heapq.heappush
         for key in updated:
-            heapq.heappush(heap, (ranks[key], key))
-        self._maybe_compact_heap()
+            push(heap, (ranks[key], key))
+        if len(heap) >= max(_MIN_HEAP_WORK, 2 * len(self._evictable)):
+            self._rebuild_heap()
 
     def _refresh(self, keys: Iterable[OffloadKey]) -> None:
         chunks, ranks, evictable = self._chunks, self._ranks, self._evictable
@@ -93,15 +109,20 @@ class LRUPolicy(AbstractEvictionPolicy):
         for key in keys:
             if key in chunks:
                 next_rank += 1
-                ranks[key] = (next_rank, 0)
+                ranks[key] = next_rank * _SCALE
                 if key in evictable:
                     updated.append(key)
         self._next_rank = next_rank
         self._update_heap(updated)
 
-    def rank(self, key: OffloadKey) -> _Rank | None:
-        """Returns the current rank of ``key`` (smaller is evicted first), or None."""
-        return self._ranks.get(key)
+    def rank(self, key: OffloadKey) -> tuple[int, int] | None:
+        """Returns the current rank of ``key`` as vLLM's ``(rank, -position)`` tuple
+        (smaller is evicted first), or None."""
+        code = self._ranks.get(key)
+        if code is None:
+            return None
+        rank = (code + _MAX_POSITION) // _SCALE
+        return rank, code - rank * _SCALE
 
     # --- policy interface ---
 
@@ -111,17 +132,34 @@ class LRUPolicy(AbstractEvictionPolicy):
 
     @override
     def insert(self, key: OffloadKey, chunk: ChunkStatus, ctx: RequestContext | None) -> None:
-        position = None if ctx is None else ctx.get_key_position(key)
-        if position is None:
-            self._next_rank += 1
-            rank: _Rank = (self._next_rank, 0)
-        else:
-            rank = (self._request_rank(ctx), -position)  # type: ignore[arg-type]
-        self._chunks[key] = chunk
-        self._ranks[key] = rank
-        if chunk.ref_cnt == 0:
-            self._evictable.add(key)
-            heapq.heappush(self._heap, (rank, key))
+        self.insert_many((key,), (chunk,), ctx)
+
+    @override
+    def insert_many(
+        self,
+        keys: Sequence[OffloadKey],
+        chunks: Sequence[ChunkStatus],
+        ctx: RequestContext | None,
+    ) -> None:
+        table, ranks, evictable, heap = self._chunks, self._ranks, self._evictable, self._heap
+        position_of = None if ctx is None else ctx.get_offload_key_position
+        request_rank = None
+        for key, chunk in zip(keys, chunks, strict=True):
+            position = None if position_of is None else position_of(key)
+            if position is None:
+                self._next_rank += 1
+                rank = self._next_rank * _SCALE
+            else:
+                if request_rank is None:
+                    request_rank = self._request_rank(ctx)  # type: ignore[arg-type]
+                if not -_MAX_POSITION < position < _MAX_POSITION:
+                    raise _position_error(position)
+                rank = request_rank - position
+            table[key] = chunk
+            ranks[key] = rank
+            if chunk.ref_cnt == 0:
+                evictable.add(key)
+                heapq.heappush(heap, (rank, key))
 
     @override
     def remove(self, key: OffloadKey) -> None:
@@ -134,15 +172,28 @@ class LRUPolicy(AbstractEvictionPolicy):
         self._refresh(reversed(keys))
 
     @override
+    def on_store_miss(self, keys: Sequence[OffloadKey], ctx: RequestContext | None) -> None:
+        # vLLM's LRU inherits the default (a touch); the keys are absent, so a touch of
+        # them changes nothing.
+        return
+
+    @override
     def on_request_access(self, keys: Sequence[OffloadKey], ctx: RequestContext) -> None:
+        # Taken even when no key is present: the request's rank is fixed by its first
+        # access, as in vLLM.
         request_rank = self._request_rank(ctx)
         chunks, ranks, evictable = self._chunks, self._ranks, self._evictable
+        position_of = ctx.get_offload_key_position
         updated = []
         for key in keys:
-            position = ctx.get_key_position(key)
-            if position is None or key not in chunks:
+            if key not in chunks:
+                continue  # a store candidate (absent): vLLM skips it too
+            position = position_of(key)
+            if position is None:
                 continue
-            rank = (request_rank, -position)
+            if not -_MAX_POSITION < position < _MAX_POSITION:
+                raise _position_error(position)
+            rank = request_rank - position
             # Reuse only ever makes a chunk more recent; a later touch wins.
             if ranks[key] >= rank:
                 continue
@@ -169,11 +220,12 @@ class LRUPolicy(AbstractEvictionPolicy):
         if n <= 0:
             return []
         heap, ranks, evictable = self._heap, self._ranks, self._evictable
-        selected: list[_Entry] = []
+        pop = heapq.heappop
+        selected: list[tuple[int, OffloadKey]] = []
         selected_keys: set[OffloadKey] = set()
-        deferred: list[_Entry] = []
+        deferred: list[tuple[int, OffloadKey]] = []
         while heap and len(selected) < n:
-            entry = heapq.heappop(heap)
+            entry = pop(heap)
             rank, key = entry
             if key not in evictable or ranks.get(key) != rank:
                 continue  # stale: re-ranked, pinned or removed since it was pushed
@@ -196,7 +248,8 @@ class LRUPolicy(AbstractEvictionPolicy):
             evictable.remove(key)
             del ranks[key]
             victims.append((key, chunks.pop(key)))
-        self._maybe_compact_heap()
+        if len(heap) >= max(_MIN_HEAP_WORK, 2 * len(evictable)):
+            self._rebuild_heap()
         return victims
 
     @override
@@ -210,10 +263,23 @@ class LRUPolicy(AbstractEvictionPolicy):
 
     @override
     def mark_evictable(self, key: OffloadKey) -> None:
-        self._evictable.add(key)
-        heapq.heappush(self._heap, (self._ranks[key], key))
-        self._maybe_compact_heap()
+        self.mark_evictable_many((key,))
+
+    @override
+    def mark_evictable_many(self, keys: Iterable[OffloadKey]) -> None:
+        evictable, ranks, heap, push = self._evictable, self._ranks, self._heap, heapq.heappush
+        for key in keys:
+            evictable.add(key)
+            push(heap, (ranks[key], key))
+        if len(heap) >= max(_MIN_HEAP_WORK, 2 * len(evictable)):
+            self._rebuild_heap()
 
     @override
     def mark_non_evictable(self, key: OffloadKey) -> None:
         self._evictable.remove(key)
+
+    @override
+    def mark_non_evictable_many(self, keys: Iterable[OffloadKey]) -> None:
+        remove = self._evictable.remove
+        for key in keys:
+            remove(key)

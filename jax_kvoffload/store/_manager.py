@@ -2,21 +2,22 @@
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import logging
-from collections.abc import Sequence
-from typing import final
+from collections.abc import Callable, Sequence
+from typing import NamedTuple, TypeVar, final
 
 from ._access import RequestAccess, access_state, finished_key_groups
 from ._capacity import HOST_PAGE_SIZE, cpu_tier_capacity
-from ._context import LookupResult, RequestContext
-from ._errors import KeyNotPinnedError, KeyNotReadyError, KeyNotStoredError
-from ._events import OffloadingEvent
+from ._checks import check_int, need_context, not_bytes
+from ._context import AbstractRequestContext, LookupResult, check_context
+from ._errors import PolicyContractError, StoreTypeError
+from ._events import Medium, OffloadingEvent
 from ._keys import OffloadKey, check_keys
-from ._policy_base import AbstractEvictionPolicy, ChunkStatus
+from ._loads import LoadPath
+from ._policy_base import AbstractEvictionPolicy, BatchHooks, ChunkStatus
 from ._registry import get_policy_class
-from ._stats import StoreStats
+from ._stats import StoreCounters, StoreStats
 from ._tracker import ReuseTracker
 
 __all__ = ["HostStore", "PrepareStoreOutput"]
@@ -24,11 +25,16 @@ __all__ = ["HostStore", "PrepareStoreOutput"]
 logger = logging.getLogger(__name__)
 
 _MISS, _HIT, _HIT_PENDING = LookupResult.MISS, LookupResult.HIT, LookupResult.HIT_PENDING
+_R = TypeVar("_R")
+_E = TypeVar("_E")
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class PrepareStoreOutput:
-    """What ``prepare_store`` allocated.
+def _our_event(keys: tuple[OffloadKey, ...], removed: bool, metadata_only: bool) -> OffloadingEvent:
+    return OffloadingEvent(keys, Medium.CPU, removed, metadata_only)
+
+
+class PrepareStoreOutput(NamedTuple):
+    """What ``prepare_store`` allocated (an immutable named tuple).
 
     Attributes:
       keys_to_store: Offered keys that were absent, in offer order (duplicates kept).
@@ -43,18 +49,11 @@ class PrepareStoreOutput:
 
 
 _EMPTY_OUTPUT = PrepareStoreOutput((), (), ())
-
-
-def _check_int(name: str, value: object, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}.")
-    if value < minimum:
-        raise ValueError(f"{name}={value} must be >= {minimum}.")
-    return value
+_new_output = tuple.__new__
 
 
 @final
-class HostStore:
+class HostStore(LoadPath):
     """Bookkeeping of the host chunk pool: what is stored where, pins, eviction, events.
 
     The store holds no KV bytes; the transfer engine moves bytes into and out of the
@@ -91,13 +90,26 @@ class HostStore:
         store_threshold: int = 0,
         max_tracker_size: int = 64_000,
     ) -> None:
-        self._num_chunks = _check_int("num_chunks", num_chunks, 0)
-        self._store_threshold = _check_int("store_threshold", store_threshold, 0)
-        _check_int("max_tracker_size", max_tracker_size, 0)
+        self._num_chunks = check_int("num_chunks", num_chunks, 0)
+        self._store_threshold = check_int("store_threshold", store_threshold, 0)
+        check_int("max_tracker_size", max_tracker_size, 0)
+        if not isinstance(enable_events, bool):
+            raise StoreTypeError(
+                f"enable_events must be a bool, got {type(enable_events).__name__}: "
+                f"{enable_events!r}."
+            )
         policy_cls = get_policy_class(eviction_policy, cache_policy_module_path)
-        self._policy: AbstractEvictionPolicy = policy_cls(num_chunks)
+        # By keyword, as vLLM builds policies (`policy_cls(cache_capacity=num_chunks)`).
+        self._policy: AbstractEvictionPolicy = policy_cls(cache_capacity=num_chunks)
         self._get = self._policy.get
-        self._events: list[OffloadingEvent] | None = [] if enable_events else None
+        # The built-in policies take batches; any other policy gets vLLM's per-key
+        # hook calls in vLLM's order (a custom policy sees what it would under vLLM).
+        self._batched = isinstance(self._policy, BatchHooks)
+        self._counters = StoreCounters()
+        # (keys, removed, metadata_only) per event; built into objects when taken.
+        self._events: list[tuple[tuple[OffloadKey, ...], bool, bool]] | None = (
+            [] if enable_events else None
+        )
         self._tracker = ReuseTracker(max_tracker_size) if store_threshold >= 2 else None
         self._num_allocated = 0  # high-water mark of fresh chunk ids
         self._free_list: list[int] = []  # LIFO
@@ -106,6 +118,7 @@ class HostStore:
         self._generation = 0
         self._allocation_sizes: list[int] = []
         self._stores_skipped = 0
+        self.lookup = self.lookup_function(_MISS, _HIT, _HIT_PENDING)  # type: ignore[method-assign]
 
     @classmethod
     def from_cpu_budget(
@@ -146,6 +159,11 @@ class HostStore:
         return len(self._free_list) + self._num_chunks - self._num_allocated
 
     @property
+    def num_occupied_chunks(self) -> int:
+        """Chunks holding a key (ready, pinned or write-pending)."""
+        return self._num_allocated - len(self._free_list)
+
+    @property
     def num_evictable_chunks(self) -> int:
         return self._num_evictable
 
@@ -160,12 +178,14 @@ class HostStore:
 
     # --- requests ---
 
-    def on_new_request(self, ctx: RequestContext) -> None:
+    def on_new_request(self, ctx: AbstractRequestContext) -> None:
         """Starts the request-scoped bookkeeping of ``ctx`` (optional)."""
+        need_context("on_new_request", ctx)
         access_state(ctx, self, self._generation)
 
-    def on_request_finished(self, ctx: RequestContext) -> None:
+    def on_request_finished(self, ctx: AbstractRequestContext) -> None:
         """Applies the request's accesses to the policy, once per request and reset."""
+        need_context("on_request_finished", ctx)
         state = ctx.get_state(RequestAccess)
         if (
             state is None
@@ -178,96 +198,56 @@ class HostStore:
         self._policy.on_request_finished(
             finished_key_groups(state, ctx),
             state.inserted_keys - state.reused_keys,
-            set(state.reused_keys),
+            state.reused_keys,
             ctx,
         )
 
     # --- lookups and loads ---
 
-    def lookup(self, key: OffloadKey, ctx: RequestContext | None = None) -> LookupResult:
-        """Returns whether ``key`` is absent, readable, or still being stored."""
-        if type(key) is not bytes and not isinstance(key, bytes):
-            raise TypeError(f"key must be bytes, got {type(key).__name__}.")
-        chunk = self._get(key)
-        if chunk is None:
-            return _MISS
-        return _HIT if chunk.ref_cnt >= 0 else _HIT_PENDING
+    def lookup(self, key: OffloadKey, ctx: AbstractRequestContext | None = None) -> LookupResult:
+        """Returns whether ``key`` is absent, readable, or still being stored.
 
-    def prepare_load(
-        self, keys: Sequence[OffloadKey], ctx: RequestContext | None = None
-    ) -> tuple[int, ...]:
-        """Pins ``keys`` for reading and returns their chunk ids, in key order.
-
-        All or nothing: if a key is absent or not ready, nothing is pinned.
-
-        Raises:
-          TypeError: if a key is not bytes.
-          KeyNotStoredError: if a key is not in the store.
-          KeyNotReadyError: if a key's store has not completed (HIT_PENDING).
+        (Each store replaces this method by ``lookup_function(...)``'s closure.)
         """
-        keys = check_keys(keys)
-        get = self._get
-        chunks: list[ChunkStatus] = []
-        for key in keys:
-            chunk = get(key)
-            if chunk is None:
-                raise KeyNotStoredError(f"Chunk {key!r} not found in cache")
-            if chunk.ref_cnt < 0:
-                raise KeyNotReadyError(
-                    f"Chunk {key!r} is not ready for reading: its store is in flight; "
-                    "load it after complete_store(..., success=True)."
-                )
-            chunks.append(chunk)
-        state = None
-        if ctx is not None:
-            state = access_state(ctx, self, self._generation)
-            state.check_open(keys, ctx)
-        mark_non_evictable = self._policy.mark_non_evictable
-        for key, chunk in zip(keys, chunks, strict=True):
-            if chunk.ref_cnt == 0:
-                mark_non_evictable(key)
-                self._num_evictable -= 1
-            chunk.ref_cnt += 1
-        if state is not None:
-            state.record(keys, reused=keys)
-            self._policy.on_request_access(keys, ctx)  # type: ignore[arg-type]
-        return tuple(chunk.chunk_id for chunk in chunks)
+        return self.lookup_function(_MISS, _HIT, _HIT_PENDING)(key, ctx)
 
-    def touch(self, keys: Sequence[OffloadKey], ctx: RequestContext | None = None) -> None:
+    def lookup_function(self, miss: _R, hit: _R, hit_pending: _R) -> Callable[..., _R]:
+        """Returns ``lookup`` answering with the given values instead of ours.
+
+        The scheduler calls ``lookup`` for every chunk of every request; the closure
+        is one Python frame (the vLLM bridge answers vLLM's enum members with it).
+        """
+        get, counters = self._get, self._counters
+
+        def lookup(key: OffloadKey, ctx: object = None) -> _R:
+            try:
+                chunk = get(key)
+            except TypeError:  # unhashable: not a key
+                raise not_bytes(key) from None
+            if chunk is None:
+                # Present keys were checked when stored; only a miss needs the test.
+                if type(key) is not bytes and not isinstance(key, bytes):
+                    raise not_bytes(key)
+                counters.lookup_misses += 1
+                return miss
+            if chunk.ref_cnt >= 0:
+                counters.lookup_hits += 1
+                return hit
+            counters.lookup_hits_pending += 1
+            return hit_pending
+
+        return lookup
+
+    def touch(self, keys: Sequence[OffloadKey], ctx: AbstractRequestContext | None = None) -> None:
         """Marks ``keys`` recently used (the first key ends most recent)."""
-        self._policy.touch(check_keys(keys), ctx)
-
-    def complete_load(self, keys: Sequence[OffloadKey], ctx: RequestContext | None = None) -> None:
-        """Unpins ``keys`` after their load finished; all or nothing.
-
-        Raises:
-          KeyNotStoredError: if a key is not in the store.
-          KeyNotPinnedError: if a key has fewer loads in flight than it appears here.
-        """
         keys = check_keys(keys)
-        get = self._get
-        needed = collections.Counter(keys)
-        for key, count in needed.items():
-            chunk = get(key)
-            if chunk is None:
-                raise KeyNotStoredError(f"Chunk {key!r} not found in cache")
-            if chunk.ref_cnt < count:
-                raise KeyNotPinnedError(
-                    f"Chunk {key!r} ref_cnt is already {max(chunk.ref_cnt, 0)}: "
-                    f"{count} complete_load(s) for {max(chunk.ref_cnt, 0)} load(s) in flight."
-                )
-        mark_evictable = self._policy.mark_evictable
-        for key in keys:
-            chunk = get(key)
-            chunk.ref_cnt -= 1  # type: ignore[union-attr]
-            if chunk.ref_cnt == 0:  # type: ignore[union-attr]
-                self._num_evictable += 1
-                mark_evictable(key)
+        check_context(ctx)
+        self._policy.touch(keys, ctx)
 
     # --- stores ---
 
     def prepare_store(
-        self, keys: Sequence[OffloadKey], ctx: RequestContext | None = None
+        self, keys: Sequence[OffloadKey], ctx: AbstractRequestContext | None = None
     ) -> PrepareStoreOutput | None:
         """Allocates write-pending chunks for the absent keys of one offer.
 
@@ -281,12 +261,14 @@ class HostStore:
           The keys to store, their chunk ids and the evicted keys; an empty output if
           nothing needs storing; None if the chunks cannot be allocated (nothing
           changes then, beyond the policy's and tracker's observation of the offer).
+
+        Raises:
+          RequestFinishedError: if ``ctx`` finished and a key to record is new to it
+            (raised where vLLM asserts: after the tracker and the policy's
+            ``on_store_miss`` saw the offer, before anything is allocated).
         """
         keys = check_keys(keys)
-        state = None
-        if ctx is not None:
-            state = access_state(ctx, self, self._generation)
-            state.check_open(keys, ctx)
+        check_context(ctx)
         tracker = self._tracker
         if tracker is not None:
             tracker.record_offer(keys)
@@ -307,10 +289,12 @@ class HostStore:
             self._stores_skipped += len(candidates) - len(kept)
             candidates = kept
         policy = self._policy
-        if state is None:
+        state = None
+        if ctx is None:
             if candidates:
                 policy.on_store_miss(candidates, None)
         else:
+            state = access_state(ctx, self, self._generation)
             # ARC learns from ghost hits once per request, before insert drops the ghost.
             seen_misses = state.store_miss_keys
             new_misses = [key for key in candidates if key not in seen_misses]
@@ -318,13 +302,16 @@ class HostStore:
                 policy.on_store_miss(new_misses, ctx)
                 seen_misses.update(new_misses)
             if ready_existing or len(candidates) != len(keys):
-                accessed = set(candidates)
-                accessed.update(ready_existing)
-                offered = [key for key in keys if key in accessed]
+                recorded = set(candidates)
+                recorded.update(ready_existing)
+                offered = [key for key in keys if key in recorded]
             else:
                 offered = candidates
-            state.record(offered, inserted=candidates, reused=ready_existing)
-            policy.on_request_access(offered, ctx)  # type: ignore[arg-type]
+            state.check_open(offered, ctx)
+            # Candidates count as inserted only once allocated (below), as in vLLM.
+            state.record(offered, policy, ctx)
+            if ready_existing:
+                state.record_reused(ready_existing)
         if not candidates:
             return _EMPTY_OUTPUT
 
@@ -335,7 +322,11 @@ class HostStore:
         num_to_evict = num_new - len(free_list) - num_fresh
         evicted: tuple[OffloadKey, ...] = ()
         if num_to_evict > 0:
-            if num_to_evict > self._num_evictable:
+            victims = None
+            if num_to_evict <= self._num_evictable:
+                victims = policy.evict(num_to_evict, set(keys))
+            if victims is None:
+                self._counters.allocation_failures += 1
                 logger.debug(
                     "prepare_store: %d chunks needed, %d free, %d evictable: cannot allocate",
                     num_new,
@@ -343,33 +334,45 @@ class HostStore:
                     self._num_evictable,
                 )
                 return None
-            victims = policy.evict(num_to_evict, set(keys))
-            if victims is None:
-                return None
-            self._num_evictable -= len(victims)
-            free_list.extend(chunk.chunk_id for _, chunk in victims)
-            evicted = tuple(key for key, _ in victims)
+            if len(victims) != num_to_evict:
+                raise PolicyContractError(
+                    f"{type(policy).__name__}.evict({num_to_evict}, ...) returned "
+                    f"{len(victims)} chunks; a policy returns exactly n or None."
+                )
+            self._num_evictable -= num_to_evict
+            self._counters.evictions += num_to_evict
+            evicted = tuple([key for key, _ in victims])
+            free_list += [chunk.chunk_id for _, chunk in victims]
             if self._events is not None:
-                self._events.append(OffloadingEvent(evicted, removed=True))
+                self._events.append((evicted, True, False))
 
         # Fresh ids (ascending) before reused ones (LIFO), as vLLM allocates.
         start = self._num_allocated
         num_fresh = min(num_new, num_fresh)
         chunk_ids = list(range(start, start + num_fresh))
         self._num_allocated = start + num_fresh
-        for _ in range(num_new - num_fresh):
-            chunk_ids.append(free_list.pop())
-        insert = policy.insert
-        for key, chunk_id in zip(candidates, chunk_ids, strict=True):
-            insert(key, ChunkStatus(chunk_id), ctx)
+        num_reused = num_new - num_fresh
+        if num_reused:  # LIFO: the most recently freed first
+            chunk_ids += reversed(free_list[-num_reused:])
+            del free_list[-num_reused:]
+        if self._batched:
+            chunks = [ChunkStatus(chunk_id) for chunk_id in chunk_ids]
+            policy.insert_many(candidates, chunks, ctx)  # type: ignore[attr-defined]
+        else:
+            insert = policy.insert
+            for key, chunk_id in zip(candidates, chunk_ids, strict=True):
+                insert(key, ChunkStatus(chunk_id), ctx)
         self._num_write_pending += num_new
-        return PrepareStoreOutput(tuple(candidates), tuple(chunk_ids), evicted)
+        if state is not None:
+            state.inserted_keys.update(candidates)
+        # tuple.__new__ skips the named tuple's Python-level __new__ (a hot path).
+        return _new_output(PrepareStoreOutput, (tuple(candidates), tuple(chunk_ids), evicted))
 
     def complete_store(
         self,
         keys: Sequence[OffloadKey],
         success: bool = True,
-        ctx: RequestContext | None = None,
+        ctx: AbstractRequestContext | None = None,
     ) -> None:
         """Finishes the stores of ``keys``: readable on success, freed on failure.
 
@@ -377,11 +380,25 @@ class HostStore:
         records a metadata-only removal event (no store event was ever emitted).
         """
         keys = check_keys(keys)
-        if not isinstance(success, bool):
-            raise TypeError(f"success must be a bool, got {type(success).__name__}.")
+        check_context(ctx)
+        if success is not True and success is not False:
+            raise StoreTypeError(
+                f"success must be a bool, got {type(success).__name__}: {success!r}; pass "
+                "whether the transfer job succeeded."
+            )
         get = self._get
         done: list[OffloadKey] = []
-        if success:
+        if success and self._batched:
+            for key in keys:
+                chunk = get(key)
+                if chunk is not None and chunk.ref_cnt < 0:
+                    chunk.ref_cnt = 0
+                    done.append(key)
+            if done:
+                self._policy.mark_evictable_many(done)  # type: ignore[attr-defined]
+            self._num_evictable += len(done)
+            self._counters.stores_completed += len(done)
+        elif success:
             mark_evictable = self._policy.mark_evictable
             for key in keys:
                 chunk = get(key)
@@ -390,6 +407,7 @@ class HostStore:
                     mark_evictable(key)
                     done.append(key)
             self._num_evictable += len(done)
+            self._counters.stores_completed += len(done)
         else:
             remove = self._policy.remove
             for key in keys:
@@ -398,44 +416,59 @@ class HostStore:
                     remove(key)
                     self._free_list.append(chunk.chunk_id)
                     done.append(key)
+            self._counters.stores_failed += len(done)
         self._num_write_pending -= len(done)
         if done and self._events is not None:
-            self._events.append(
-                OffloadingEvent(tuple(done), removed=not success, metadata_only=not success)
-            )
+            self._events.append((tuple(done), not success, not success))
 
     # --- events, stats, reset ---
 
-    def take_events(self) -> list[OffloadingEvent]:
+    def take_events(
+        self, make_event: Callable[[tuple[OffloadKey, ...], bool, bool], _E] | None = None
+    ) -> list[_E]:
         """Returns and clears the recorded events, oldest first.
 
         A metadata-only removal drops the keys that were allocated again since (a
         retried store); it is left out when no key remains.
+
+        Args:
+          make_event: Builds each event from ``(keys, removed, metadata_only)``;
+            default ``OffloadingEvent`` (the vLLM bridge builds vLLM's events).
         """
+        if make_event is not None and not callable(make_event):
+            raise StoreTypeError(
+                f"make_event must be callable (keys, removed, metadata_only) -> event, "
+                f"got {make_event!r}."
+            )
         if not self._events:
             return []
         events, self._events = self._events, []
+        if make_event is None:
+            make_event = _our_event  # type: ignore[assignment]
         get = self._get
         out = []
-        for event in events:
-            if event.metadata_only:
-                keys = tuple(key for key in event.keys if get(key) is None)
+        for keys, removed, metadata_only in events:
+            if metadata_only:
+                keys = tuple([key for key in keys if get(key) is None])
                 if not keys:
                     continue
-                if len(keys) != len(event.keys):
-                    event = dataclasses.replace(event, keys=keys)
-            out.append(event)
+            out.append(make_event(keys, removed, metadata_only))  # type: ignore[misc]
         return out
 
+    def counters(self) -> StoreCounters:
+        """Returns the cumulative counters (since construction; never drained)."""
+        return dataclasses.replace(self._counters)
+
     def get_stats(self) -> StoreStats:
-        """Returns the usage gauges and drains the per-interval values."""
+        """Returns the usage gauges and counters, and drains the per-interval values."""
         num_chunks = self._num_chunks
+        occupied = self._num_allocated - len(self._free_list)
         if num_chunks > 0:
-            used = self._num_allocated - len(self._free_list) - self._num_evictable
-            usage = used / num_chunks
+            usage = (occupied - self._num_evictable) / num_chunks
             write_usage = self._num_write_pending / num_chunks
+            occupancy = occupied / num_chunks
         else:
-            usage = write_usage = 0.0
+            usage = write_usage = occupancy = 0.0
         sizes, self._allocation_sizes = tuple(self._allocation_sizes), []
         skipped = None
         if self._tracker is not None:
@@ -446,13 +479,18 @@ class HostStore:
             cpu_cache_read_usage_perc=max(usage - write_usage, 0.0),
             cpu_allocation_size=sizes,
             stores_skipped=skipped,
+            num_chunks=num_chunks,
+            occupied_chunks=occupied,
+            occupancy_perc=occupancy,
+            counters=self.counters(),
         )
 
     def reset_cache(self) -> None:
         """Forgets every chunk, pinned and write-pending ones included.
 
-        Events already recorded stay; the reuse tracker keeps its counts (as in vLLM).
-        Request contexts from before the reset start afresh.
+        Events already recorded stay; the reuse tracker keeps its counts (as in vLLM);
+        the cumulative counters keep counting. Request contexts from before the reset
+        start afresh.
         """
         self._policy.clear()
         self._generation += 1

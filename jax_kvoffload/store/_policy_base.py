@@ -7,7 +7,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from ._context import RequestContext
+from ._context import AbstractRequestContext as RequestContext
 from ._keys import OffloadKey
 
 if sys.version_info >= (3, 12):
@@ -20,7 +20,14 @@ else:  # pragma: no cover - Python < 3.12
         return method
 
 
-__all__ = ["AbstractEvictionPolicy", "ChunkStatus", "order_request_keys", "override"]
+__all__ = [
+    "AbstractEvictionPolicy",
+    "BatchHooks",
+    "ChunkStatus",
+    "RequestKeyGroups",
+    "order_request_keys",
+    "override",
+]
 
 
 class ChunkStatus:
@@ -47,6 +54,14 @@ class ChunkStatus:
         return f"ChunkStatus(chunk_id={self.chunk_id}, ref_cnt={self.ref_cnt})"
 
 
+class RequestKeyGroups(tuple):
+    """The ``key_groups`` the store passes to ``on_request_finished``: a plain tuple of
+    per-group tuples that also carries ``head_to_tail``, what ``order_request_keys``
+    returns for it (computed while the store read the same positions)."""
+
+    head_to_tail: list[OffloadKey]
+
+
 def order_request_keys(
     key_groups: Sequence[Sequence[OffloadKey]], ctx: RequestContext
 ) -> list[OffloadKey]:
@@ -55,15 +70,44 @@ def order_request_keys(
     Keys are sorted by their recorded end positions when every key has one; otherwise
     the groups are concatenated in order (vLLM ``order_request_keys``).
     """
+    if type(key_groups) is RequestKeyGroups:
+        return list(key_groups.head_to_tail)
     keys = [key for group in key_groups for key in group]
     positions = {}
+    position_of = ctx.get_offload_key_position
     for key in keys:
-        position = ctx.get_key_position(key)
+        position = position_of(key)
         if position is None:
             return keys
         positions[key] = position
     keys.sort(key=positions.__getitem__)
     return keys
+
+
+class BatchHooks:
+    """Batch forms of per-key hooks, implemented by the built-in policies only.
+
+    The store calls these instead of a loop of per-key hooks for policies that derive
+    from this class (LRU and ARC, whose per-key hooks do the same work one key at a
+    time). Every other policy gets vLLM's per-key calls, in vLLM's order.
+    """
+
+    def insert_many(
+        self,
+        keys: Sequence[OffloadKey],
+        chunks: Sequence[ChunkStatus],
+        ctx: RequestContext | None,
+    ) -> None:
+        """``insert`` for each pair, in order."""
+        raise NotImplementedError
+
+    def mark_evictable_many(self, keys: Sequence[OffloadKey]) -> None:
+        """``mark_evictable`` for each key, in order."""
+        raise NotImplementedError
+
+    def mark_non_evictable_many(self, keys: Sequence[OffloadKey]) -> None:
+        """``mark_non_evictable`` for each key, in order."""
+        raise NotImplementedError
 
 
 class AbstractEvictionPolicy(abc.ABC):
