@@ -42,7 +42,7 @@ from jax_kvoffload.transfer import (
     TransferEngine,
     plan_for_group,
 )
-from jax_kvoffload.transfer._strided import copy_threads
+from jax_kvoffload.transfer.internals import copy_threads
 
 FORMS = {
     "packed-nhd": (pk.KVLayout.nhd(), "packed", "nhd"),

@@ -43,7 +43,7 @@ from jax_kvoffload._offloader_checks import (
     check_hashes,
 )
 from jax_kvoffload.config import OffloadingConfig
-from jax_kvoffload.config._errors import KVOffloadError, KVOffloadStateError, KVOffloadTypeError
+from jax_kvoffload.errors import KVOffloadError, KVOffloadStateError, KVOffloadTypeError
 from jax_kvoffload.store import HostStore, LookupResult, cpu_tier_capacity, make_offload_key
 from jax_kvoffload.transfer import (
     Direction,
@@ -53,9 +53,12 @@ from jax_kvoffload.transfer import (
     TransferEngine,
     TransferResult,
 )
-from jax_kvoffload.transfer._caches import check_distinct
-from jax_kvoffload.transfer._interrupts import SingleCaller, deferred_interrupts
-from jax_kvoffload.transfer._jobs import check_index
+from jax_kvoffload.transfer.internals import (
+    SingleCaller,
+    check_distinct,
+    check_index,
+    deferred_interrupts,
+)
 
 __all__ = ["KVOffloader", "OffloaderError", "OffloaderStateError"]
 

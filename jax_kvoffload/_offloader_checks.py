@@ -13,11 +13,10 @@ import numpy as np
 
 import pallas_kernels as pk
 from jax_kvoffload.config import OffloadingConfig
-from jax_kvoffload.config._dtypes import as_dtype
-from jax_kvoffload.config._errors import KVOffloadTypeError, KVOffloadValueError
+from jax_kvoffload.config.internals import as_dtype
+from jax_kvoffload.errors import KVOffloadTypeError, KVOffloadValueError
 from jax_kvoffload.transfer import GroupCaches, check_global_caches
-from jax_kvoffload.transfer._caches import check_distinct
-from jax_kvoffload.transfer._jobs import check_index, check_indices
+from jax_kvoffload.transfer.internals import check_distinct, check_index, check_indices
 
 
 class OffloaderError(KVOffloadValueError):

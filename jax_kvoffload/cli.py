@@ -66,8 +66,14 @@ def _demo(args: argparse.Namespace) -> int:
     import json
 
     from jax_kvoffload.config import OffloadConfigError
-    from jax_kvoffload.demo import DemoConfigError, DemoModelConfig, ScenarioConfig, run_scenario
-    from jax_kvoffload.demo._report import StreamProgress, format_summary
+    from jax_kvoffload.demo import (
+        DemoConfigError,
+        DemoModelConfig,
+        ScenarioConfig,
+        StreamProgress,
+        format_summary,
+        run_scenario,
+    )
 
     try:
         cfg = ScenarioConfig(

@@ -2,7 +2,8 @@
 
 vLLM 0.33.0's `CPUOffloadingWorker` views each `CanonicalKVCacheTensor` as
 `tensor.view(torch.int8).view(-1, page_size_bytes)` and, per block and ref, copies the
-ref's unpadded `page_size_bytes` from `data_ptr() + block * stride(0)` (`vllm/v1/kv_offload/cpu/gpu_worker.py`).
+ref's unpadded `page_size_bytes` from `data_ptr() + block * stride(0)`
+(`vllm/v1/kv_offload/cpu/gpu_worker.py`).
 So block b is bytes `[offset + b * stride, + width)` of the tensor's storage, whatever
 the offsets: layers packed into one allocation at any byte offset, block-outermost
 packed layouts, padded pages (width < page), views that several groups alias.

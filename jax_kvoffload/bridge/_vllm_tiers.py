@@ -29,7 +29,7 @@ import functools
 import logging
 from typing import TYPE_CHECKING, Any
 
-from jax_kvoffload.config._tiers import tier_config_from_dict
+from jax_kvoffload.config import tier_config_from_dict
 
 __all__ = ["JaxDiskTier", "JaxRedisTier", "build_tier_classes"]
 

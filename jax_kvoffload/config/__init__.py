@@ -67,6 +67,18 @@ from jax_kvoffload.config._specs import SinkFullAttentionSpec as SinkFullAttenti
 from jax_kvoffload.config._specs import SlidingWindowMLASpec as SlidingWindowMLASpec
 from jax_kvoffload.config._specs import SlidingWindowSpec as SlidingWindowSpec
 from jax_kvoffload.config._specs import UniformTypeKVCacheSpecs as UniformTypeKVCacheSpecs
+from jax_kvoffload.config._tiers import OUR_TIER_CLASSES as OUR_TIER_CLASSES
+from jax_kvoffload.config._tiers import VLLM_TIER_TYPES as VLLM_TIER_TYPES
+from jax_kvoffload.config._tiers import DiskTierConfig as DiskTierConfig
+from jax_kvoffload.config._tiers import RedisTierConfig as RedisTierConfig
+from jax_kvoffload.config._tiers import TierConfig as TierConfig
+from jax_kvoffload.config._tiers import TierConfigError as TierConfigError
+from jax_kvoffload.config._tiers import VllmTierConfig as VllmTierConfig
+from jax_kvoffload.config._tiers import parse_secondary_tiers as parse_secondary_tiers
+from jax_kvoffload.config._tiers import (
+    secondary_tiers_from_extra_config as secondary_tiers_from_extra_config,
+)
+from jax_kvoffload.config._tiers import tier_config_from_dict as tier_config_from_dict
 from jax_kvoffload.config._translate import build_offloading_config as build_offloading_config
 
 # Grouped by what a user does with them, not sorted.
@@ -109,6 +121,17 @@ __all__ = [  # noqa: RUF022
     "HiSparseResidentSpec",
     "UniformTypeKVCacheSpecs",
     "KVQuantMode",
+    # secondary tiers (the `secondary_tiers` extra-config key, docs/tiers.md)
+    "parse_secondary_tiers",
+    "secondary_tiers_from_extra_config",
+    "tier_config_from_dict",
+    "TierConfig",
+    "DiskTierConfig",
+    "RedisTierConfig",
+    "VllmTierConfig",
+    "OUR_TIER_CLASSES",
+    "VLLM_TIER_TYPES",
+    "TierConfigError",
     # canonical pages by hand (docs/canonical.md)
     "register_canonical_layout",
     "CanonicalRegistration",

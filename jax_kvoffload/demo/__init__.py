@@ -7,6 +7,8 @@ Not part of the library core (which never imports it): `jax-kvoffload demo` runs
 from jax_kvoffload.demo._model import DemoConfigError as DemoConfigError
 from jax_kvoffload.demo._model import DemoModelConfig as DemoModelConfig
 from jax_kvoffload.demo._model import DemoTransformer as DemoTransformer
+from jax_kvoffload.demo._report import StreamProgress as StreamProgress
+from jax_kvoffload.demo._report import format_summary as format_summary
 from jax_kvoffload.demo._scenario import ScenarioConfig as ScenarioConfig
 from jax_kvoffload.demo._scenario import build_offloader as build_offloader
 from jax_kvoffload.demo._scenario import run_scenario as run_scenario
@@ -27,7 +29,9 @@ __all__ = [
     "PagedServer",
     "Request",
     "ScenarioConfig",
+    "StreamProgress",
     "block_hashes",
     "build_offloader",
+    "format_summary",
     "run_scenario",
 ]

@@ -8,18 +8,18 @@ wrong bytes. `open_tier(config, namespace)` builds a tier from its typed configu
 (`parse_secondary_tiers` reads vLLM's `secondary_tiers` extra-config key).
 """
 
-from jax_kvoffload.config._tiers import OUR_TIER_CLASSES as OUR_TIER_CLASSES
-from jax_kvoffload.config._tiers import VLLM_TIER_TYPES as VLLM_TIER_TYPES
-from jax_kvoffload.config._tiers import DiskTierConfig as DiskTierConfig
-from jax_kvoffload.config._tiers import RedisTierConfig as RedisTierConfig
-from jax_kvoffload.config._tiers import TierConfig as TierConfig
-from jax_kvoffload.config._tiers import TierConfigError as TierConfigError
-from jax_kvoffload.config._tiers import VllmTierConfig as VllmTierConfig
-from jax_kvoffload.config._tiers import parse_secondary_tiers as parse_secondary_tiers
-from jax_kvoffload.config._tiers import (
+from jax_kvoffload.config import OUR_TIER_CLASSES as OUR_TIER_CLASSES
+from jax_kvoffload.config import VLLM_TIER_TYPES as VLLM_TIER_TYPES
+from jax_kvoffload.config import DiskTierConfig as DiskTierConfig
+from jax_kvoffload.config import RedisTierConfig as RedisTierConfig
+from jax_kvoffload.config import TierConfig as TierConfig
+from jax_kvoffload.config import TierConfigError as TierConfigError
+from jax_kvoffload.config import VllmTierConfig as VllmTierConfig
+from jax_kvoffload.config import parse_secondary_tiers as parse_secondary_tiers
+from jax_kvoffload.config import (
     secondary_tiers_from_extra_config as secondary_tiers_from_extra_config,
 )
-from jax_kvoffload.config._tiers import tier_config_from_dict as tier_config_from_dict
+from jax_kvoffload.config import tier_config_from_dict as tier_config_from_dict
 from jax_kvoffload.tiers._base import SecondaryTier as SecondaryTier
 from jax_kvoffload.tiers._base import TierJobResult as TierJobResult
 from jax_kvoffload.tiers._base import TierStats as TierStats

@@ -24,7 +24,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from jax_kvoffload.config._tiers import DiskTierConfig
+from jax_kvoffload.config import DiskTierConfig
 from jax_kvoffload.tiers._base import Buffer, SecondaryTier, TierJobResult
 from jax_kvoffload.tiers._crc import crc32c, warn_if_slow
 from jax_kvoffload.tiers._disk_fs import (

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from jax_kvoffload.config._errors import KVOffloadStateError, KVOffloadValueError
+from jax_kvoffload.errors import KVOffloadStateError, KVOffloadValueError
 
 
 class TierStateError(KVOffloadStateError):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from jax_kvoffload.config._tiers import (
+from jax_kvoffload.config import (
     DiskTierConfig,
     RedisTierConfig,
     TierConfig,

@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Sequence
 
-from jax_kvoffload.config._tiers import RedisTierConfig
+from jax_kvoffload.config import RedisTierConfig
 from jax_kvoffload.tiers._base import Buffer, SecondaryTier, TierJobResult
 from jax_kvoffload.tiers._crc import crc32c, warn_if_slow
 from jax_kvoffload.tiers._entry import check_header, encode_header, header_length

@@ -15,7 +15,7 @@ import jax
 import numpy as np
 
 import pallas_kernels as pk
-from jax_kvoffload.config._errors import KVOffloadTypeError
+from jax_kvoffload.errors import KVOffloadTypeError
 from jax_kvoffload.transfer._jobs import TransferError, TransferStateError
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from jax_kvoffload.config._errors import KVOffloadTypeError
+from jax_kvoffload.errors import KVOffloadTypeError
 from jax_kvoffload.transfer._caches import GroupCaches
 from jax_kvoffload.transfer._jobs import (
     GroupTransfer,

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from jax_kvoffload.config._errors import (
+from jax_kvoffload.errors import (
     KVOffloadStateError,
     KVOffloadTypeError,
     KVOffloadValueError,

@@ -3,7 +3,7 @@ memory and rendezvous helpers beside it can raise them without an import cycle."
 
 from __future__ import annotations
 
-from jax_kvoffload.config._errors import KVOffloadStateError, KVOffloadValueError
+from jax_kvoffload.errors import KVOffloadStateError, KVOffloadValueError
 
 
 class SharedRegionError(KVOffloadStateError):
