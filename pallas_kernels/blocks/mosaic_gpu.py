@@ -6,9 +6,9 @@ GMEM (TMA store). ``stages`` SMEM slots let up to ``stages - 1`` stores drain wh
 next load runs.
 
 Gather is a ``plgpu.kernel``. Scatter is a ``pallas_call`` with ``input_output_aliases``:
-in jax 0.10.2 the ``plgpu.kernel`` + ``jax.new_ref`` form fails to lower (notes A2), and
+in jax 0.10.2 the ``plgpu.kernel`` + ``jax.new_ref`` form fails to lower, and
 the SMEM/barrier scratch is allocated with ``pl.run_scoped`` because scratch barriers in
-``pallas_call`` break the GPU interpreter (notes A1). The GPU interpreter runs a single
+``pallas_call`` break the GPU interpreter (both seen on 0.10.2). The GPU interpreter runs a single
 CTA only, so interpret mode forces ``programs=1``.
 """
 
@@ -23,6 +23,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from .._compat import plgpu
+from .fields import check_int, check_word_bytes
 
 _TMA_MAX_BOX = 256
 
@@ -45,6 +46,12 @@ class MosaicGpuConfig:
     stages: int = 4
     smem_budget_bytes: int = 192 * 1024
     word_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        check_int(self, "programs", none_ok=True)
+        check_int(self, "stages")
+        check_int(self, "smem_budget_bytes")
+        check_word_bytes(self)
 
 
 def _largest_divisor(value: int, cap: int) -> int:

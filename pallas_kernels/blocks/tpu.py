@@ -1,13 +1,14 @@
 """TPU backend: scalar-prefetched ids, HBM -> HBM async DMA, many copies in flight.
 
 Caches and staging stay in HBM (``pl.ANY``): a page never round-trips through VMEM, so
-no page size can overflow VMEM (notes A2: blocked specs hit ``CompileTimeScopedVmemOom``).
+no page size can overflow VMEM (blocked specs hit
+``CompileTimeScopedVmemOom`` when compiled for v5e).
 Each program starts the DMAs of its blocks for every array, keeping at most
 ``blocks_in_flight`` blocks outstanding, then waits for the rest. DMA semaphores count
 bytes and every copy has the same size, so any wait retires exactly one copy.
 
 In-place scatter writes the aliased cache only through DMA: the TPU interpreter showed
-(notes A1) that an aliased *blocked* output is not pre-loaded from its input on TPU.
+(jax 0.10.2) that an aliased *blocked* output is not pre-loaded from its input on TPU.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import jax
 from jax.experimental import pallas as pl
 
 from .._compat import pltpu
+from .fields import check_int, check_word_bytes
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -43,6 +45,11 @@ class TpuConfig:
     blocks_in_flight: int = 64
     word_bytes: int | None = None
     lanes: int = 128
+
+    def __post_init__(self) -> None:
+        for name in ("programs", "blocks_in_flight", "lanes"):
+            check_int(self, name)
+        check_word_bytes(self)
 
 
 def _tile(words: int, lanes: int) -> tuple[int, int]:

@@ -2,7 +2,7 @@
 jaxlib (no plugin, nothing compiled): the expected custom call appears in StableHLO.
 
 Shapes are realistic (H100-sized pages, 32 layers) because lowering is where Triton's
-power-of-two rule and Mosaic GPU's shared-memory limit are enforced (notes A2).
+power-of-two rule and Mosaic GPU's shared-memory limit are enforced.
 """
 
 from __future__ import annotations
