@@ -21,9 +21,12 @@ from .layout import KVLayout, KVStacking, page_bytes
 
 
 def cache_device(cache: Any) -> Any | None:
-    """The (first) device of a concrete array; None for a tracer or a host array."""
-    if isinstance(cache, jax.core.Tracer) or not isinstance(cache, jax.Array):
+    """The (first) device a call on ``cache`` runs on: its own for a jax array, jax's
+    default device for a host (numpy) array, None for a tracer (unknown until lowering)."""
+    if isinstance(cache, jax.core.Tracer):
         return None
+    if not isinstance(cache, jax.Array):
+        return default_device()
     return min(cache.sharding.device_set, key=lambda d: d.id)
 
 
@@ -43,11 +46,11 @@ def resolve(backend: Any, cache: Any, config: Any, interpret: Any) -> tuple[Back
     GPU or TPU from a CPU host).
     """
     device = cache_device(cache)
+    where = device if device is not None else default_device()
     if isinstance(backend, str) and backend == "auto":
-        record = pick_backend(device if device is not None else default_device())
+        record = pick_backend(where)
     else:
         record = get_backend(backend)
-    where = device if device is not None else default_device()
     if not record.available:
         raise BackendUnavailableError(
             f"backend={record.name!r} is unavailable: its Pallas module failed to import "

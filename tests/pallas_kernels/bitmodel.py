@@ -33,20 +33,18 @@ UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32}
 # Bit patterns that a float conversion would change: subnormals (flushed to zero by
 # FTZ/DAZ), signalling NaNs and NaN payloads (quieted or canonicalised), -0.0.
 SPECIAL = {
-    1: [0x01, 0x07, 0x81, 0x87, 0x7F, 0xFF, 0x7D, 0x7E, 0xFD, 0x80, 0x00, 0x79],
-    2: [
-        *(0x0001, 0x007F, 0x807F, 0x8001),  # bf16 subnormals
-        *(0x7F81, 0xFF81, 0x7FBF, 0x7FC1, 0xFFC1),  # bf16 NaN payloads, signalling and quiet
-        *(0x0001, 0x03FF, 0x83FF),  # fp16 subnormals
-        *(0x7C01, 0xFC01, 0x7E01, 0x7DFF),  # fp16 NaN payloads
-        *(0x8000, 0x0000, 0x7F80, 0x7C00),  # -0.0, +0.0, infinities
-    ],
-    4: [
-        *(0x00000001, 0x807FFFFF, 0x80000001, 0x00400000),  # fp32 subnormals
-        *(0x7F800001, 0xFF800001, 0x7FBFFFFF, 0x7FC00001, 0xFFC12345),  # NaN payloads
-        *(0x80000000, 0x00000000, 0x7F800000),
-    ],
-}
+    "bf16": [0x0001, 0x007F, 0x807F, 0x8001, 0x7F81, 0xFF81, 0x7FBF, 0x7FC1, 0xFFC1, 0x8000],
+    "fp16": [0x0001, 0x03FF, 0x83FF, 0x8001, 0x7C01, 0xFC01, 0x7E01, 0x7DFF, 0x8000],
+    "fp32": [0x00000001, 0x807FFFFF, 0x80000001, 0x7F800001, 0xFF800001, 0x7FBFFFFF,
+             0x7FC00001, 0xFFC12345, 0x80000000],
+    "fp8_e4m3": [0x01, 0x07, 0x81, 0x87, 0x7F, 0xFF, 0x80],
+    "fp8_e5m2": [0x01, 0x03, 0x81, 0x83, 0x7D, 0x7E, 0x7F, 0xFD, 0x80],
+}  # fmt: skip
+# Bit patterns that a float conversion would change: subnormals (flushed to zero by
+# FTZ/DAZ), signalling NaNs and NaN payloads (quieted or canonicalised), -0.0. Integer
+# dtypes take the same bytes: any pattern is a plain value there.
+SPECIAL |= {"int8": SPECIAL["fp8_e5m2"], "uint8": SPECIAL["fp8_e4m3"]}
+SPECIAL |= {"uint16": SPECIAL["bf16"], "int32": SPECIAL["fp32"]}
 
 LAYOUTS = {
     "nhd": pk.KVLayout.nhd(),
@@ -128,13 +126,14 @@ def _shape(layout: str, nb: int, bs: int, h: int, d: int) -> tuple[int, ...]:
     }[layout]
 
 
-def random_bits(rng: np.random.Generator, shape, itemsize: int) -> np.ndarray:
-    """Half special patterns, half uniform bits."""
+def random_bits(rng: np.random.Generator, shape, dtype: str) -> np.ndarray:
+    """Three quarters special patterns of ``dtype``, the rest uniform bits."""
+    itemsize = np.dtype(DTYPES[dtype]).itemsize
     uint = UINT[itemsize]
     size = int(np.prod(shape))
-    special = rng.choice(np.array(SPECIAL[itemsize], dtype=uint), size=size)
+    special = rng.choice(np.array(SPECIAL[dtype], dtype=uint), size=size)
     uniform = rng.integers(0, 2 ** (8 * itemsize), size=size, dtype=np.uint64).astype(uint)
-    return np.where(rng.random(size) < 0.5, special, uniform).reshape(shape)
+    return np.where(rng.random(size) < 0.75, special, uniform).reshape(shape)
 
 
 def _valid_words(shape, layout: str, itemsize: int) -> list[int]:
@@ -150,8 +149,13 @@ def draw_case(
     layout: str | None = None,
     dtype: str | None = None,
     max_blocks: int = 5,
+    hazard: bool = False,
 ) -> BitCase:
-    """A random case: small, often degenerate geometry (one block, one element)."""
+    """A random case: small, often degenerate geometry (one block, one element).
+
+    ``hazard``: always the shapes where XLA:CPU once changed bf16 bits (issue 12): one
+    or two blocks, pages of 1-4 elements, one id repeated, words of the element width.
+    """
     layout = layout or str(rng.choice(list(LAYOUTS)))
     if dtype is None and layout == "raw":
         dtype = str(rng.choice(INT_DTYPES))
@@ -159,16 +163,21 @@ def draw_case(
         weights = np.array([4.0 if d == "bf16" else 1.0 for d in DTYPES])
         dtype = str(rng.choice(list(DTYPES), p=weights / weights.sum()))
     # Degenerate sizes on purpose: XLA rewrites gathers from one-block caches and of tiny
-    # pages into broadcasts and copies, the rewrites that once changed bits (issue 12).
-    nb = 1 if rng.random() < 0.35 else int(rng.integers(2, max_blocks + 1))
-    bs, h, d = (int(rng.choice(v)) for v in ((1, 1, 2, 3, 4, 8), (1, 1, 2, 3), (1, 1, 2, 3, 8)))
+    # pages into broadcasts and scalar loops, where bits once changed (issue 12). Half
+    # the cases are tiny (1-2 blocks, 1-4 element pages), the rest small but varied.
+    if hazard or rng.random() < 0.5:
+        nb = int(rng.integers(1, 3))
+        bs, h, d = (int(rng.choice(v)) for v in ((1, 2), (1, 2), (1, 2, 3)))
+    else:
+        nb = int(rng.integers(1, max_blocks + 1))
+        bs, h, d = (int(rng.choice(v)) for v in ((1, 2, 3, 4, 8), (1, 2, 3), (1, 2, 3, 8)))
     shape = _shape(layout, nb, bs, h, d)
     itemsize = np.dtype(DTYPES[dtype]).itemsize
     num_arrays = int(rng.choice((2, 4) if layout == "nhd_separate" else (1, 2, 3)))
-    caches = tuple(random_bits(rng, shape, itemsize) for _ in range(num_arrays))
+    caches = tuple(random_bits(rng, shape, dtype) for _ in range(num_arrays))
     kind = rng.random()
     n = int(rng.integers(0, 7))
-    if kind < 0.35:  # one block over and over: a broadcast once XLA has simplified it
+    if hazard or kind < 0.35:  # one block over and over: a broadcast once XLA has simplified it
         gather_ids = np.full(max(n, 1), rng.integers(nb), np.int32)
     elif kind < 0.5:
         gather_ids = np.arange(nb, dtype=np.int32)
@@ -176,23 +185,22 @@ def draw_case(
         gather_ids = rng.integers(0, nb, size=n).astype(np.int32)
     scatter_ids = rng.permutation(nb)[: int(rng.integers(0, nb + 1))].astype(np.int32)
     page = LAYOUTS[layout].page_shape(shape)
-    update = random_bits(rng, (len(scatter_ids), num_arrays, *page), itemsize)
+    update = random_bits(rng, (len(scatter_ids), num_arrays, *page), dtype)
     words = [None, *_valid_words(shape, layout, itemsize)]
-    word_bytes = words[int(rng.integers(len(words)))]
+    word_bytes = None if hazard else words[int(rng.integers(len(words)))]
     return BitCase(layout, dtype, shape, caches, gather_ids, scatter_ids, update, word_bytes)
 
 
 def case_from(layout, dtype, shape, caches, gather_ids, scatter_ids=None) -> BitCase:
     """A hand-written case (the defects reported in issue 12)."""
     lay = LAYOUTS[layout]
-    itemsize = caches[0].dtype.itemsize
     if scatter_ids is None:  # scatter ids must be unique
         scatter_ids = np.unique(np.asarray(gather_ids))
     scatter_ids = np.asarray(scatter_ids, np.int32)
     update = random_bits(
         np.random.default_rng(0),
         (len(scatter_ids), len(caches), *lay.page_shape(shape)),
-        itemsize,
+        dtype,
     )
     return BitCase(
         layout,

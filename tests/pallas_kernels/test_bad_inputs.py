@@ -93,6 +93,8 @@ BAD = [
     ("backend-triton-cpu", _gather(backend="triton"), pk.BackendUnavailableError, "interpret"),
     ("backend-tpu-cpu", _gather(backend="tpu"), pk.BackendUnavailableError, "interpret"),
     ("backend-mosaic-cpu", _gather(backend="mosaic_gpu"), pk.BackendUnavailableError, "cpu"),
+    ("backend-triton-numpy", _gather(caches=[np.zeros((8, 4, 1, 8), np.uint16)], backend="triton"),
+     pk.BackendUnavailableError, "interpret"),
     ("config-wrong", _gather(config=pk.TpuConfig()), TypeError, "XlaConfig"),
     ("config-object", _gather(config=object()), TypeError, "config"),
     ("config-reference", _gather(backend="reference", config=pk.XlaConfig()), TypeError,
