@@ -57,7 +57,10 @@ dnn_version_info { major: 9 minor: 8 }
 device_description_str: "NVIDIA H100 80GB HBM3"
 """
 
-PLATFORM_BACKENDS = {"tpu": ("tpu", "xla"), "cuda": ("mosaic_gpu", "triton", "xla")}
+# What compiles for each platform, from the registry (the oracle is not a kernel).
+PLATFORM_BACKENDS = {
+    p: tuple(b for b in pk.supported_backends(p) if b != "reference") for p in ("tpu", "cuda")
+}
 
 # (name, layout, cache shape, dtype, arrays, n): a vLLM flash-attn cache, an MLA cache.
 CASES = [
@@ -131,21 +134,22 @@ def compile_sharded(devices, backend):
     mesh = jax.sharding.Mesh(np.array(devices), ("tp",))
     plan = LocalPlan(mesh, P(None, None, "tp", None), P(None, None, None, "tp", None))
     kw = {"layout": layout, "backend": backend, "interpret": False}
-    kw["config"] = api._CONFIGS[backend]()  # what the API resolves for a None config
+    kw["config"] = pk.get_backend(backend).config()  # what the API resolves for None
     caches = tuple(
         jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(mesh, plan.cache_spec))
         for _ in range(num_arrays)
     )
     ids = jax.ShapeDtypeStruct((n,), jnp.int32, sharding=NamedSharding(mesh, P()))
+    zero = jax.ShapeDtypeStruct((), jnp.uint32, sharding=NamedSharding(mesh, P()))
     staging = jax.ShapeDtypeStruct(
         (n, num_arrays, *layout.page_shape(shape)),
         dtype,
         sharding=NamedSharding(mesh, plan.staging_spec),
     )
     t0 = time.perf_counter()
-    api._gather.trace(caches, ids, local=plan, **kw).lower().compile()
+    api._gather.trace(caches, ids, zero, local=plan, **kw).lower().compile()
     api._scatter_donating.trace(
-        caches, ids, staging, shardings=None, local=plan, **kw
+        caches, ids, staging, zero, shardings=None, local=plan, **kw
     ).lower().compile()
     return time.perf_counter() - t0
 

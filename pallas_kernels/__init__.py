@@ -3,18 +3,26 @@
 Standalone: nothing here imports jax_kvoffload. See docs/kernels.md.
 """
 
-from .blocks.api import BACKENDS as BACKENDS
-from .blocks.api import available_backends as available_backends
 from .blocks.api import gather_blocks as gather_blocks
 from .blocks.api import scatter_blocks as scatter_blocks
+from .blocks.backends import BACKENDS as BACKENDS
+from .blocks.backends import Backend as Backend
+from .blocks.backends import available_backends as available_backends
+from .blocks.backends import get_backend as get_backend
+from .blocks.backends import list_backends as list_backends
+from .blocks.backends import supported_backends as supported_backends
 from .blocks.checks import check_block_ids as check_block_ids
+from .blocks.errors import BackendConfigError as BackendConfigError
 from .blocks.errors import BackendUnavailableError as BackendUnavailableError
 from .blocks.errors import BlockIdsDtypeError as BlockIdsDtypeError
 from .blocks.errors import BlockIdsError as BlockIdsError
 from .blocks.errors import BlockIdsOutOfRangeError as BlockIdsOutOfRangeError
+from .blocks.errors import CacheError as CacheError
 from .blocks.errors import DuplicateBlockIdsError as DuplicateBlockIdsError
 from .blocks.errors import LayerMismatchError as LayerMismatchError
+from .blocks.errors import LayoutError as LayoutError
 from .blocks.errors import LayoutMismatchError as LayoutMismatchError
+from .blocks.errors import PallasKernelsError as PallasKernelsError
 from .blocks.errors import StagingMismatchError as StagingMismatchError
 from .blocks.errors import UnsupportedDtypeError as UnsupportedDtypeError
 from .blocks.layout import KVLayout as KVLayout
@@ -30,17 +38,22 @@ from .blocks.xla import XlaConfig as XlaConfig
 
 __all__ = [
     "BACKENDS",
+    "Backend",
+    "BackendConfigError",
     "BackendUnavailableError",
     "BlockIdsDtypeError",
     "BlockIdsError",
     "BlockIdsOutOfRangeError",
+    "CacheError",
     "DuplicateBlockIdsError",
     "KVLayout",
     "KVStacking",
     "LayerMismatchError",
+    "LayoutError",
     "LayoutMismatchError",
     "MosaicGpuConfig",
     "PageFormat",
+    "PallasKernelsError",
     "StagingMismatchError",
     "TpuConfig",
     "TritonConfig",
@@ -50,7 +63,10 @@ __all__ = [
     "check_block_ids",
     "gather_blocks",
     "gather_blocks_reference",
+    "get_backend",
+    "list_backends",
     "scatter_blocks",
     "scatter_blocks_reference",
     "staging_sharding",
+    "supported_backends",
 ]

@@ -1,9 +1,14 @@
-"""Guarded imports of the optional Pallas backends.
+"""Guarded imports of the optional Pallas backends, and the one private jax name we use.
 
 jax ships the TPU, Triton and Mosaic GPU Pallas front ends as separate submodules whose
 names drift between releases (0.10.2 .. 0.11.x). A missing one must not break
 ``import pallas_kernels``: it only makes its backend unavailable, with the reason kept
 for the error message.
+
+Private jax API in use (only here): ``InterpretGPUParams``, the Mosaic GPU interpreter's
+params class, which jax 0.10.2 defines in ``jax._src.pallas.mosaic_gpu.interpret.params``
+without exporting it; the public ``jax.experimental.pallas.mosaic_gpu`` name is tried
+first. Without it only ``backend="mosaic_gpu", interpret=True`` is unavailable.
 """
 
 from __future__ import annotations
@@ -25,16 +30,18 @@ pltriton, TRITON_IMPORT_ERROR = _try_import("jax.experimental.pallas.triton")
 plgpu, MOSAIC_GPU_IMPORT_ERROR = _try_import("jax.experimental.pallas.mosaic_gpu")
 
 
-def gpu_interpret_params() -> Any | None:
-    """The Mosaic GPU interpreter's params object, or None where jax lacks one.
-
-    In jax 0.10.2 it is not exported publicly (checked on 0.10.2); later releases may export it
-    from ``jax.experimental.pallas.mosaic_gpu``.
-    """
+def gpu_interpret_params_type() -> type | None:
+    """The Mosaic GPU interpreter's params class, or None where jax lacks one."""
     cls = getattr(plgpu, "InterpretGPUParams", None) if plgpu is not None else None
     if cls is None:
         mod, _ = _try_import("jax._src.pallas.mosaic_gpu.interpret.params")
         cls = getattr(mod, "InterpretGPUParams", None) if mod is not None else None
+    return cls
+
+
+def gpu_interpret_params() -> Any | None:
+    """The Mosaic GPU interpreter's default params, or None where jax lacks one."""
+    cls = gpu_interpret_params_type()
     return cls() if cls is not None else None
 
 

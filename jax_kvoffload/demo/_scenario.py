@@ -58,6 +58,7 @@ class ScenarioConfig:
                 f"blocks_per_chunk={self.blocks_per_chunk} blocks: nothing could be offloaded; "
                 f"use prompt_blocks >= {self.blocks_per_chunk}"
             )
+        check_kernel_backend(self.kernel_backend)
 
     @property
     def tail_tokens(self) -> int:
@@ -68,6 +69,27 @@ class ScenarioConfig:
     def max_blocks_per_seq(self) -> int:
         longest = self.prompt_blocks * self.block_size + max(self.suffix_tokens, self.tail_tokens)
         return -(-(longest + self.decode_tokens) // self.block_size)
+
+
+def check_kernel_backend(name: object) -> None:
+    """`name` is "auto" or a backend of the `pallas_kernels` registry that runs on this
+    platform (jax's default device); anything else fails here, before the model is built,
+    with what does run."""
+    import pallas_kernels as pk
+
+    if name == "auto":
+        return
+    try:
+        record = pk.get_backend(name)
+    except (TypeError, pk.BackendUnavailableError) as exc:
+        raise DemoConfigError(f"kernel_backend={name!r}: {exc}") from None
+    runs = ("auto", *pk.supported_backends())
+    if name not in runs:
+        device = jax.devices()[0]
+        raise DemoConfigError(
+            f"kernel_backend={name!r} needs {record.where}, but this platform is "
+            f"{device.platform} ({device.device_kind}); choose one of {runs}"
+        )
 
 
 def build_offloader(cfg: ScenarioConfig, num_blocks: int):

@@ -12,11 +12,14 @@ from .errors import (
     BlockIdsDtypeError,
     BlockIdsError,
     BlockIdsOutOfRangeError,
+    CacheError,
     DuplicateBlockIdsError,
     LayerMismatchError,
+    LayoutMismatchError,
     StagingMismatchError,
 )
 from .layout import KVLayout
+from .mesh import staging_sharding
 
 
 def _show(values: np.ndarray, limit: int = 8) -> str:
@@ -37,24 +40,61 @@ def check_caches(caches: Any, layout: KVLayout) -> list[jax.Array]:
             "wrap a single array as [cache]"
         )
     if len(caches) == 0:
-        raise ValueError("caches must hold at least one array, got an empty sequence")
+        raise CacheError(
+            "caches must hold at least one array, got an empty sequence; pass [cache] or "
+            "the list of a cache group's layers"
+        )
     first = caches[0]
     for k, cache in enumerate(caches):
-        if not hasattr(cache, "shape") or not hasattr(cache, "dtype"):
-            raise TypeError(f"caches[{k}] must be an array, got {type(cache).__name__}")
+        _check_array(cache, f"caches[{k}]")
         if tuple(cache.shape) != tuple(first.shape) or cache.dtype != first.dtype:
             raise LayerMismatchError(
                 f"caches[{k}] is {cache.dtype}{list(cache.shape)} but caches[0] is "
                 f"{first.dtype}{list(first.shape)}; every array of one call must share shape "
                 "and dtype: call once per group of identical layers"
             )
+        devices, first_devices = _devices(cache), _devices(first)
+        if devices is not None and first_devices is not None and devices != first_devices:
+            raise LayerMismatchError(
+                f"caches[{k}] lives on {_show_devices(cache)} but caches[0] on "
+                f"{_show_devices(first)}; every array of one call must live on the same "
+                "devices: jax.device_put them there first"
+            )
     layout.check_cache(tuple(first.shape), first.dtype, name="caches[0]")
     if layout.kv_stacking.name == "SEPARATE" and len(caches) % 2:
-        raise ValueError(
+        raise LayoutMismatchError(
             f"caches has {len(caches)} arrays; kv_stacking=SEPARATE needs K and V of every "
             "layer, [k0, v0, k1, v1, ...], an even count"
         )
     return list(caches)
+
+
+def _check_array(x: Any, name: str) -> None:
+    if not isinstance(x, (jax.Array, np.ndarray)):
+        hint = (
+            "; to compile without data, trace the call: jax.jit(fn).trace(...)"
+            if isinstance(x, jax.ShapeDtypeStruct)
+            else "; convert it with jnp.asarray (or jax.dlpack.from_dlpack for a torch tensor)"
+        )
+        raise TypeError(f"{name} must be a jax.Array or numpy array, got {type(x).__name__}{hint}")
+    if _is_concrete(x) and x.is_deleted():
+        raise CacheError(
+            f"{name} has been deleted: scatter_blocks donates the caches it is given; pass "
+            "the arrays the last scatter_blocks returned instead"
+        )
+
+
+def _is_concrete(x: Any) -> bool:
+    return isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer)
+
+
+def _devices(x: Any) -> frozenset | None:
+    return frozenset(x.sharding.device_set) if _is_concrete(x) else None
+
+
+def _show_devices(x: Any) -> str:
+    ids = sorted(d.id for d in x.sharding.device_set)
+    return f"devices {ids}" if len(ids) > 1 else f"device {ids[0]}"
 
 
 def check_block_ids(block_ids: Any, num_blocks: int, *, unique: bool) -> Any:
@@ -64,6 +104,15 @@ def check_block_ids(block_ids: Any, num_blocks: int, *, unique: bool) -> Any:
     only shape and dtype can be checked here: call this function on the concrete ids
     before entering the jit (the kernels never clamp an id).
     """
+    if isinstance(num_blocks, bool) or not isinstance(num_blocks, (int, np.integer)):
+        raise TypeError(
+            f"num_blocks must be an int, got {type(num_blocks).__name__} {num_blocks!r}; "
+            "pass the caches' block count, e.g. layout.num_blocks(cache.shape)"
+        )
+    if num_blocks < 0:
+        raise BlockIdsError(f"num_blocks must be >= 0, got {num_blocks}; pass the caches' count")
+    if not isinstance(unique, bool):
+        raise TypeError(f"unique must be a bool, got {type(unique).__name__} {unique!r}")
     if not isinstance(block_ids, (jax.Array, np.ndarray)):
         raise TypeError(
             f"block_ids must be an int32 array, got {type(block_ids).__name__}; "
@@ -99,10 +148,19 @@ def check_block_ids(block_ids: Any, num_blocks: int, *, unique: bool) -> Any:
     return block_ids
 
 
-def check_staging(staging: Any, expected_shape: tuple[int, ...], dtype: Any) -> None:
-    """``staging`` has exactly the shape and dtype ``gather_blocks`` returns."""
-    if not hasattr(staging, "shape") or not hasattr(staging, "dtype"):
-        raise TypeError(f"staging must be an array, got {type(staging).__name__}")
+def check_staging(staging: Any, expected_shape: tuple[int, ...], cache: Any, layout: Any) -> None:
+    """``staging`` has exactly the shape and dtype ``gather_blocks`` returns, and lives
+    where the caches do (or is a host array, or uncommitted: jit places those)."""
+    dtype = cache.dtype
+    if isinstance(staging, jax.ShapeDtypeStruct) or not isinstance(
+        staging, (jax.Array, np.ndarray)
+    ):
+        raise TypeError(
+            f"staging must be a jax.Array or numpy array, got {type(staging).__name__}; "
+            "pass the array gather_blocks returned for these caches"
+        )
+    if _is_concrete(staging) and staging.is_deleted():
+        raise StagingMismatchError("staging has been deleted (donated); pass a live array")
     if tuple(staging.shape) != tuple(expected_shape):
         raise StagingMismatchError(
             f"staging must have shape [n, num_arrays, *page] = {list(expected_shape)}, got "
@@ -113,4 +171,17 @@ def check_staging(staging: Any, expected_shape: tuple[int, ...], dtype: Any) -> 
             f"staging must have the caches' dtype {np.dtype(dtype).name}, got "
             f"{np.dtype(staging.dtype).name}; bitcast it back with "
             f"jax.lax.bitcast_convert_type(staging, {np.dtype(dtype).name!r})"
+        )
+    if (
+        _is_concrete(staging)
+        and staging.committed
+        and _devices(cache) is not None
+        and _devices(staging) != _devices(cache)
+    ):
+        where = "pk.staging_sharding(caches, layout)"
+        if staging_sharding([cache], layout) is None:
+            where = "the caches' device" if len(_devices(cache)) == 1 else "the caches' mesh"
+        raise StagingMismatchError(
+            f"staging lives on {_show_devices(staging)} but the caches on "
+            f"{_show_devices(cache)}; jax.device_put(staging, ...) to {where} first"
         )

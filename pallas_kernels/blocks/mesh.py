@@ -33,9 +33,11 @@ class LocalPlan:
     staging_spec: PartitionSpec
 
     def run(self, body: Any, num_caches: int, with_staging: bool) -> Any:
-        """``body(caches, block_ids[, staging])`` mapped over the mesh."""
+        """``body(caches, block_ids, zero[, staging])`` mapped over the mesh (``zero``: the
+        replicated run-time 0 of ``layout.fenced``)."""
         caches = tuple(self.cache_spec for _ in range(num_caches))
-        in_specs = (caches, PartitionSpec()) + ((self.staging_spec,) if with_staging else ())
+        in_specs = (caches, PartitionSpec(), PartitionSpec())
+        in_specs += (self.staging_spec,) if with_staging else ()
         out_specs = caches if with_staging else self.staging_spec
         return jax.shard_map(
             body, mesh=self.mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False
@@ -67,5 +69,82 @@ def staging_sharding(caches: Sequence[Any], layout: KVLayout) -> NamedSharding |
     """Where ``gather_blocks`` puts its staging for these caches (and where
     ``scatter_blocks`` wants it): sharded like the caches' page axes, or None when the
     caches take the global path."""
-    plan = local_plan(caches, layout)
+    from .checks import check_caches  # checks imports this module
+
+    plan = local_plan(check_caches(caches, layout), layout)
     return None if plan is None else NamedSharding(plan.mesh, plan.staging_spec)
+
+
+def spans_devices(caches: Sequence[Any]) -> bool:
+    """Some concrete cache lives on more than one device (tracers: unknown, False)."""
+    return any(
+        isinstance(c, jax.Array)
+        and not isinstance(c, jax.core.Tracer)
+        and len(c.sharding.device_set) > 1
+        for c in caches
+    )
+
+
+# The TPU and Mosaic GPU interpreters simulate every device of a computation and
+# synchronise them through shared host state: on several CPU devices they deadlock
+# (TPU interpreter, 8 devices, 160 KiB shards, even for a bare pallas_call) or fail a
+# barrier check and hang (Mosaic GPU, 4 devices) inside jax (issue 12). Interpret mode
+# is for tests, so caches spread over devices run one device's worth at a time, on one
+# device: each distinct shard of a page-sharded cache in turn (the same kernel the
+# shard_map path runs per device), or, for any other sharding, the whole cache.
+
+
+def _home(caches: Sequence[Any]) -> Any:
+    return min(caches[0].sharding.device_set, key=lambda d: d.id)
+
+
+def _shards(cache: Any) -> dict[tuple, list[Any]]:
+    """This process's shards of ``cache`` grouped by index (replicas share one), keyed
+    by the index's slice bounds."""
+    groups: dict[tuple, list[Any]] = {}
+    for shard in cache.addressable_shards:
+        groups.setdefault(tuple((s.start, s.stop, s.step) for s in shard.index), []).append(shard)
+    return groups
+
+
+def gather_one_device_at_a_time(caches, layout: KVLayout, run: Any) -> jax.Array:
+    """``run(single_device_caches) -> staging`` over each shard in turn (see above)."""
+    home = _home(caches)
+    plan = local_plan(caches, layout)
+    if plan is None:
+        return run([jax.device_put(c, home) for c in caches])
+    per_cache = [_shards(c) for c in caches]
+    pieces = []
+    for key, shards in per_cache[0].items():
+        staged = run([jax.device_put(groups[key][0].data, home) for groups in per_cache])
+        pieces += [jax.device_put(staged, s.device) for s in shards]
+    shape = (pieces[0].shape[0], len(caches), *layout.page_shape(tuple(caches[0].shape)))
+    return jax.make_array_from_single_device_arrays(
+        shape, NamedSharding(plan.mesh, plan.staging_spec), pieces
+    )
+
+
+def scatter_one_device_at_a_time(caches, staging, layout: KVLayout, run: Any) -> list:
+    """``run(single_device_caches, staging) -> caches`` over each shard in turn; every
+    result keeps its cache's sharding."""
+    home = _home(caches)
+    plan = local_plan(caches, layout)
+    if plan is None:
+        out = run([jax.device_put(c, home) for c in caches], jax.device_put(staging, home))
+        return [jax.device_put(o, c.sharding) for o, c in zip(out, caches, strict=True)]
+    per_cache = [_shards(c) for c in caches]
+    pieces: list[list[Any]] = [[] for _ in caches]
+    axis = layout.block_axis
+    for key, shards in per_cache[0].items():
+        index = tuple(slice(*bounds) for bounds in key)
+        page = (slice(None), slice(None), *index[:axis], *index[axis + 1 :])
+        local = run(
+            [jax.device_put(groups[key][0].data, home) for groups in per_cache],
+            jax.device_put(staging[page], home),
+        )
+        for layer, o in enumerate(local):
+            pieces[layer] += [jax.device_put(o, s.device) for s in shards]
+    return [
+        jax.make_array_from_single_device_arrays(c.shape, c.sharding, p)
+        for c, p in zip(caches, pieces, strict=True)
+    ]

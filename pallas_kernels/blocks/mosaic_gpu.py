@@ -23,6 +23,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from .._compat import plgpu
+from .fields import check_int, check_word_bytes
 
 _TMA_MAX_BOX = 256
 
@@ -45,6 +46,12 @@ class MosaicGpuConfig:
     stages: int = 4
     smem_budget_bytes: int = 192 * 1024
     word_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        check_int(self, "programs", none_ok=True)
+        check_int(self, "stages")
+        check_int(self, "smem_budget_bytes")
+        check_word_bytes(self)
 
 
 def _largest_divisor(value: int, cap: int) -> int:

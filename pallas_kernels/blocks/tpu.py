@@ -21,6 +21,7 @@ import jax
 from jax.experimental import pallas as pl
 
 from .._compat import pltpu
+from .fields import check_int, check_word_bytes
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -44,6 +45,11 @@ class TpuConfig:
     blocks_in_flight: int = 64
     word_bytes: int | None = None
     lanes: int = 128
+
+    def __post_init__(self) -> None:
+        for name in ("programs", "blocks_in_flight", "lanes"):
+            check_int(self, name)
+        check_word_bytes(self)
 
 
 def _tile(words: int, lanes: int) -> tuple[int, int]:

@@ -17,6 +17,7 @@ import jax
 from jax.experimental import pallas as pl
 
 from .._compat import pltriton
+from .fields import check_int, check_power_of_two, check_word_bytes
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -30,7 +31,8 @@ class TritonConfig:
       max_chunk_words: most words moved by one load/store. 4096 (16 KiB of u32) by
         default: large enough for full-bandwidth vector loads, small enough to stay in
         registers with ``num_warps`` warps.
-      num_warps: warps per program; 4 saturates a page copy on A100-class GPUs.
+      num_warps: warps per program, a power of two up to 32 (1024 threads); 4 saturates
+        a page copy on A100-class GPUs.
       word_bytes: width of the words moved (1, 2 or 4); None picks the widest.
     """
 
@@ -38,6 +40,12 @@ class TritonConfig:
     max_chunk_words: int = 4096
     num_warps: int = 4
     word_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        check_int(self, "blocks_per_program")
+        check_int(self, "max_chunk_words")
+        check_power_of_two(self, "num_warps", maximum=32)
+        check_word_bytes(self)
 
 
 def _chunk(words: int, cap: int) -> int:

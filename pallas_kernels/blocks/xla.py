@@ -14,6 +14,8 @@ from collections.abc import Sequence
 import jax
 import jax.numpy as jnp
 
+from .fields import check_word_bytes
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class XlaConfig:
@@ -27,6 +29,9 @@ class XlaConfig:
     """
 
     word_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        check_word_bytes(self)
 
 
 def gather_words(words: Sequence[jax.Array], block_ids: jax.Array) -> jax.Array:

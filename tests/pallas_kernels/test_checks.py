@@ -139,14 +139,17 @@ def test_backend_and_config_errors(caches):
         pk.gather_blocks(caches, ids, layout=NHD, backend="cuda")
     with pytest.raises(TypeError, match="must be a TpuConfig, got TritonConfig"):
         pk.gather_blocks(caches, ids, layout=NHD, backend="tpu", config=pk.TritonConfig())
-    with pytest.raises(ValueError, match=r"config\.word_bytes=3 must be 1, 2 or 4"):
-        pk.gather_blocks(caches, ids, layout=NHD, backend="xla", config=pk.XlaConfig(word_bytes=3))
+    with pytest.raises(pk.BackendConfigError, match=r"XlaConfig\.word_bytes=3 must be 1, 2 or 4"):
+        pk.XlaConfig(word_bytes=3)
+    with pytest.raises(pk.BackendConfigError, match=r"word_bytes=4 must divide the page.*\[2, 1\]"):
+        cache = jnp.zeros((4, 3), jnp.uint16)  # 6-byte pages
+        pk.gather_blocks([cache], ids, layout=pk.KVLayout.raw(), config=pk.XlaConfig(word_bytes=4))
 
 
 def test_empty_ids_give_empty_staging_and_unchanged_caches(caches):
     empty = np.zeros((0,), np.int32)
-    for backend in ("xla", "reference", *pk.available_backends()):
-        staged = pk.gather_blocks(caches, empty, layout=NHD, backend=backend)
+    for backend in pk.supported_backends(interpret=True):
+        staged = pk.gather_blocks(caches, empty, layout=NHD, backend=backend, interpret=True)
         assert staged.shape == (0, 2, 16, 1, 64) and staged.dtype == jnp.bfloat16
     out = pk.scatter_blocks(caches, empty, _staging(0), layout=NHD, backend="xla")
     assert all(o is c for o, c in zip(out, caches, strict=True))

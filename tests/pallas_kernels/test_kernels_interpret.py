@@ -39,15 +39,12 @@ assert {c.num_arrays for c in COVER} == {1, 4}
 assert {c.block_size for c in COVER} == {16, 64}
 assert {c.head_dim for c in COVER} == {64, 128, 576}
 
-PALLAS_BACKENDS = [b for b in ("tpu", "triton", "mosaic_gpu") if b in pk.available_backends()]
+PALLAS_BACKENDS = [b.name for b in pk.list_backends() if b.interpreter and b.available]
 
 
 def _skip_without_interpreter(backend):
-    if backend == "mosaic_gpu":
-        from pallas_kernels._compat import gpu_interpret_params
-
-        if gpu_interpret_params() is None:
-            pytest.skip("this jax has no Mosaic GPU interpreter; mosaic_gpu is lowering-tested")
+    if not pk.get_backend(backend).can_interpret():
+        pytest.skip(f"this jax has no interpreter for {backend}; it is lowering-tested")
 
 
 @pytest.mark.parametrize("backend", PALLAS_BACKENDS)
