@@ -276,7 +276,11 @@ def _normalize(value: Any) -> Any:
     if isinstance(value, list):
         return [_normalize(v) for v in value]
     if hasattr(value, "data") and hasattr(value, "observe_histogram"):  # connector stats
-        return ("OffloadingConnectorStats", value.data)
+        # vLLM's metrics only: the plug-in's own (vllm:kv_offload_jax_*) have no twin.
+        types, data = value.data["types"], value.data["data"]
+        keep = [n for n in data if not n.startswith("vllm:kv_offload_jax_")]
+        kept = {n: (types[n], data[n]) for n in keep}
+        return ("OffloadingConnectorStats", kept, set(types) - set(data), value.data["info"])
     raise TypeError(f"cannot compare {value!r}")
 
 
