@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import threading
+import time
 
 import pytest
 
@@ -182,3 +183,16 @@ def test_stats_can_be_taken_from_another_thread_while_a_wait_blocks(monkeypatch)
         after = off.stats()
     assert seen[0].store == TransferTotals() and seen[0].occupied_chunks == 1
     assert after.store.jobs_completed == 1
+
+
+def test_seconds_are_the_jobs_own_not_the_wait_until_a_poll_collects_it():
+    off, _ = offloader()
+    with off:
+        job = off.store(hashes("a", 2), [1, 2])
+        time.sleep(1.0)  # the engine polls rarely: the job ended long before
+        results = off.poll() or off.wait([job])
+        (result,) = results
+        stats = off.stats()
+    # Storing 1 KiB takes far less than the second it waited to be collected.
+    assert result.success and 0 < result.seconds < 1.0
+    assert stats.store.seconds == result.seconds
