@@ -19,7 +19,14 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["OffloadStats", "TierStats", "TransferTally", "TransferTotals", "store_side"]
+__all__ = [
+    "OffloadStats",
+    "TierSource",
+    "TierStats",
+    "TransferTally",
+    "TransferTotals",
+    "store_side",
+]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -87,6 +94,9 @@ class TierStats:
             self.failed - earlier.failed,
         )
 
+
+# Returns the secondary tiers' counters (an engine with tiers sets one on its accounting).
+TierSource = Callable[[], Sequence[TierStats]]
 
 # Fields that are gauges (kept as they are by `since`); every other number is a counter.
 _GAUGES = frozenset({"num_chunks", "occupied_chunks", "occupancy_perc", "cpu_cache_usage_perc"})
@@ -239,6 +249,3 @@ def store_side(store: Any, hit_tokens: int | None, tiers: Sequence[TierStats] = 
         "cpu_cache_usage_perc": busy / n if n else 0.0,
         "tiers": tuple(tiers),
     }
-
-
-TierSource = Callable[[], Sequence[TierStats]]
