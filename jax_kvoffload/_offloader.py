@@ -42,8 +42,10 @@ from jax_kvoffload._offloader_checks import (
     check_caches,
     check_hashes,
 )
+from jax_kvoffload._offloader_stats import OffloaderAccounting
 from jax_kvoffload.config import OffloadingConfig
 from jax_kvoffload.errors import KVOffloadError, KVOffloadStateError, KVOffloadTypeError
+from jax_kvoffload.stats import OffloadStats
 from jax_kvoffload.store import HostStore, LookupResult, cpu_tier_capacity, make_offload_key
 from jax_kvoffload.transfer import (
     Direction,
@@ -131,12 +133,19 @@ class KVOffloader:
         self._ids = itertools.count(1)
         self._closed = False
         self.config = config
+        tokens = {g.group_id: g.tokens_per_block for g in config.groups}
+        self._stats = OffloaderAccounting(self._store, tokens, self._bpc)
 
     # -- queries ------------------------------------------------------------------
 
     @property
     def store_stats(self) -> Any:
         return self._store.get_stats()
+
+    def stats(self) -> OffloadStats:
+        """Cumulative counters and current occupancy (docs/observability.md); cheap,
+        callable from any thread, also after `close`."""
+        return self._stats.snapshot()
 
     @property
     def num_chunks(self) -> int:
@@ -199,6 +208,7 @@ class KVOffloader:
                     if all(hits[max(0, end - window) : end]):
                         n = end
                         break
+            self._stats.on_lookup(g, sum(hits), n * self._bpc)
             return n * self._bpc
 
     # -- transfers ------------------------------------------------------------------
@@ -438,6 +448,7 @@ class KVOffloader:
                 logger.exception("recording job %d in the host store failed", result.job_id)
             self._unsettled.popleft()
             del self._jobs[result.job_id]
+            self._stats.on_job(record.direction is Direction.STORE, result)
             if record.visible:
                 self._ready[result.job_id] = result
 

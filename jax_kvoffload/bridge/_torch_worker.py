@@ -38,6 +38,7 @@ import pallas_kernels as pk
 from jax_kvoffload.bridge._job_plan import JobSpecError, TensorMove, int_ids, plan_job
 from jax_kvoffload.bridge._tensor_bytes import TensorBytes, UnitRows
 from jax_kvoffload.errors import KVOffloadStateError, KVOffloadTypeError
+from jax_kvoffload.stats import TransferTally, TransferTotals
 from jax_kvoffload.transfer import CanonicalPoolView, HostChunkPool, bucket_sizes
 
 __all__ = ["Finished", "TorchKVWorker", "WorkerClosedError", "host_widths"]
@@ -67,6 +68,11 @@ class _Job:
     future: Future
     size: int
     started: float
+    queue: str = "store"
+    ended: float | None = None  # when its thread finished (not when it was collected)
+
+    def mark_ended(self, _: Future) -> None:
+        self.ended = time.perf_counter()
 
 
 def _sync_device(device: Any) -> None:
@@ -225,6 +231,7 @@ class TorchKVWorker:
         self._threads = {q: ThreadPoolExecutor(1, thread_name_prefix=f"kv-{q}") for q in _QUEUES}
         self._ready: list[Any] = []
         self._closed = False
+        self._tally = TransferTally()
 
     # -- vLLM OffloadingWorker API -------------------------------------------------
 
@@ -237,7 +244,7 @@ class TorchKVWorker:
                 * self.pool.store_bytes(m.tensor, list(m.chunk_ids), m.first_slot, len(m.block_ids))
                 for m in moves
             )
-        if self._refused(job_id, size):
+        if self._refused(job_id, size, store=True):
             return True
         for device in {self._geo[m.tensor].device for m in moves}:
             _sync_device(device)
@@ -255,7 +262,7 @@ class TorchKVWorker:
     ) -> bool:
         """Host chunks (`src_spec`) -> device blocks (`dst_spec`); returns at once."""
         moves, size = self._plan(job_id, dst_spec, src_spec, load=True)
-        if self._refused(job_id, size):
+        if self._refused(job_id, size, store=False):
             return True
         queue = "expedited" if expedited else "load"
         self._enqueue(queue, job_id, lambda: self._run_load(moves), size, time.perf_counter())
@@ -276,6 +283,11 @@ class TorchKVWorker:
             for job in list(queue):
                 if job.job_id in wanted:
                     job.future.exception()  # waits without raising
+
+    def transfer_totals(self) -> tuple[TransferTotals, TransferTotals]:
+        """(store, load) totals of the jobs reported so far (docs/observability.md);
+        callable from any thread."""
+        return self._tally.totals()
 
     def shutdown(self) -> None:
         """Waits for every job, then frees the threads. Idempotent."""
@@ -326,7 +338,7 @@ class TorchKVWorker:
                 seen.update(m.block_ids)
         return moves, size
 
-    def _refused(self, job_id: int, size: int) -> bool:
+    def _refused(self, job_id: int, size: int, store: bool) -> bool:
         """Ends the job as a failure while `not_ready` gives a reason (logged)."""
         if self._not_ready is None:
             return False
@@ -336,6 +348,7 @@ class TorchKVWorker:
             return False
         logger.error("job %d refused: %s", job_id, reason)
         self._ready.append(self._result_type(job_id, False, size, 0.0))
+        self._tally.record(store, False, size, 0.0)
         return True
 
     def _enqueue(self, queue: str, job_id: int, work: Any, size: int, started: float) -> None:
@@ -344,7 +357,9 @@ class TorchKVWorker:
             future.set_exception(work)
         else:
             future = self._threads[queue].submit(work)
-        self._jobs[queue].append(_Job(job_id, future, size, started))
+        job = _Job(job_id, future, size, started, queue)
+        future.add_done_callback(job.mark_ended)  # on the job's thread, as it ends
+        self._jobs[queue].append(job)
 
     def _gather(self, m: TensorMove) -> list[tuple[TensorMove, int, int, Any]]:
         """The blocks of one move on their way to host memory, in power-of-two buckets:
@@ -397,5 +412,7 @@ class TorchKVWorker:
         error = job.future.exception()
         if error is not None:
             logger.warning("offload job %d failed: %r", job.job_id, error)
-        seconds = time.perf_counter() - job.started
+        # vLLM times the copy itself (CUDA events), not the wait until it is collected.
+        seconds = (job.ended or time.perf_counter()) - job.started
+        self._tally.record(job.queue == "store", error is None, job.size, seconds)
         return self._result_type(job.job_id, error is None, job.size, seconds)

@@ -21,6 +21,8 @@ import functools
 from collections.abc import Collection, Iterator, Mapping
 from typing import Any
 
+from jax_kvoffload.bridge._vllm_metrics import CounterDeltas
+from jax_kvoffload.stats import OffloadStats, store_side
 from jax_kvoffload.store import (
     AbstractEvictionPolicy,
     AbstractRequestContext,
@@ -129,11 +131,17 @@ def build_manager_class() -> type:
         Args:
           store: the host store; `num_chunks` sized as vLLM's CPU spec does.
           config_info: the labels of `vllm:kv_offload_config_info` (CPU tier facts).
+          tokens_per_chunk: tokens one chunk spans, for `offload_stats().hit_tokens`
+            (None: the groups differ, hit tokens are not reported).
         """
 
-        def __init__(self, store: HostStore, config_info: Any = None) -> None:
+        def __init__(
+            self, store: HostStore, config_info: Any = None, tokens_per_chunk: int | None = None
+        ) -> None:
             self.store = store
             self._config_info = dict(config_info or {})
+            self._tokens_per_chunk = tokens_per_chunk
+            self._deltas = CounterDeltas()
             # The scheduler calls lookup for every chunk of every request: the store's
             # own closure, answering vLLM's enum members (one Python frame).
             self.lookup = store.lookup_function(miss, hit, hit_pending)
@@ -199,7 +207,15 @@ def build_manager_class() -> type:
             stats.set_gauge(read_usage, s.cpu_cache_read_usage_perc)
             if s.stores_skipped is not None:
                 stats.increase_counter(skipped, s.stores_skipped)
+            self._deltas.report(stats, s)  # ours: occupancy, lookups, stores, evictions
             return stats
+
+        def offload_stats(self) -> OffloadStats:
+            """The store side of the plug-in's `OffloadStats` (docs/observability.md);
+            drains nothing, so vLLM's `get_stats` payloads are unaffected."""
+            tpc = self._tokens_per_chunk
+            hits = self.store.counters().lookup_hits
+            return OffloadStats(**store_side(self.store, None if tpc is None else hits * tpc))
 
         def config_info(self) -> list[Any]:
             return [self._config_info]

@@ -47,10 +47,14 @@ def build_spec_classes() -> dict[str, type]:
     """Returns `{"JaxOffloadingSpec", "JaxOffloadingManager", "JaxOffloadingWorker"}`."""
     from vllm.v1.kv_offload import base
     from vllm.v1.kv_offload.cpu.common import CPUOffloadingInfo
-    from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
 
     from jax_kvoffload.bridge._torch_worker import TorchKVWorker, host_widths
     from jax_kvoffload.bridge._vllm_manager import build_manager_class
+    from jax_kvoffload.bridge._vllm_metrics import (
+        metric_definitions,
+        spec_stats,
+        tokens_per_chunk,
+    )
 
     manager_cls = build_manager_class()
 
@@ -119,7 +123,7 @@ def build_spec_classes() -> dict[str, type]:
 
         @classmethod
         def build_metric_definitions(cls, extra_config: dict[str, Any]) -> dict[str, Any]:
-            return CPUOffloadingSpec.build_metric_definitions(extra_config)
+            return metric_definitions(extra_config)  # vLLM's CPU-spec metrics, then ours
 
         @classmethod
         def config_info_keys(cls, extra_config: dict[str, Any]) -> tuple[str, ...]:
@@ -178,8 +182,14 @@ def build_spec_classes() -> dict[str, type]:
                     enable_events=bool(self.kv_events_config.enable_kv_cache_events),
                     **store_options(self.extra_config, self.eviction_policy),
                 )
-                self._manager = manager_cls(store, self.cpu_info.as_config_info())
+                tokens = tokens_per_chunk(self.offloading_config)
+                self._manager = manager_cls(store, self.cpu_info.as_config_info(), tokens)
             return self._manager
+
+        def stats(self) -> Any:
+            """This instance's `OffloadStats` (docs/observability.md): the store side
+            if it built the manager, the transfer totals if it built the worker."""
+            return spec_stats(self._manager, self._worker, self.offloading_config, self.num_chunks)
 
         def get_worker(self, kv_caches: Any) -> Any:
             if self._worker is None:

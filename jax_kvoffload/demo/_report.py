@@ -67,6 +67,7 @@ def format_summary(s: dict) -> str:
         ),
         ("stored, device->host", _moved(s["store"])),
         ("loaded, host->device", _moved(s["load"])),
+        *_stats_rows(s["stats"]),
         (
             "prefill B with hit",
             f"{pf['with_hit_s'] * 1e3:.1f} ms (load {pf['with_hit_load_s'] * 1e3:.1f} ms, "
@@ -85,6 +86,31 @@ def format_summary(s: dict) -> str:
     lines = ["jax-kvoffload demo: prefix reuse through host memory", ""]
     lines += [f"  {k:<{width}}  {v}" for k, v in rows]
     return "\n".join(lines)
+
+
+def _stats_rows(st: dict) -> list[tuple[str, str]]:
+    """`KVOffloader.stats()` since the warm-up (docs/observability.md)."""
+    jobs = "; ".join(
+        f"{d} {t['jobs_completed']} ok, {t['jobs_failed']} failed"
+        for d, t in (("store", st["store"]), ("load", st["load"]))
+    )
+    return [
+        (
+            "chunk lookups",
+            f"{st['lookups']}: {st['hits']} hit, {st['hits_pending']} pending, "
+            f"{st['misses']} miss ({st['hit_rate']:.0%}); {st['hit_tokens']} tokens hit",
+        ),
+        (
+            "host tier now",
+            f"{st['occupied_chunks']} of {st['num_chunks']} chunks hold KV "
+            f"({st['occupancy_perc']:.1%}); {st['cpu_cache_usage_perc']:.1%} pinned or being "
+            "written (vLLM's usage gauge)",
+        ),
+        (
+            "jobs since warm-up",
+            f"{jobs}; {st['evictions']} evicted, {st['stores_dropped']} offers dropped",
+        ),
+    ]
 
 
 def _yes(flag: bool) -> str:

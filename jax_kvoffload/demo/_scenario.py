@@ -178,6 +178,7 @@ def run_scenario(cfg: ScenarioConfig, progress: Progress | None = None) -> dict:
         server.free(warm)
         off.reset_cache()
         warmup_s = time.perf_counter() - start
+        after_warmup = off.stats()  # the summary's stats count from here
 
         # 2. request A: prefill, decode, store its full prompt blocks.
         prefix = tokens(cfg.prompt_blocks * bs)
@@ -224,6 +225,7 @@ def run_scenario(cfg: ScenarioConfig, progress: Progress | None = None) -> dict:
         for request in (b, r, c):
             server.free(request)
         host = {"chunks": off.num_chunks, "bytes": off.host_bytes}
+        stats = off.stats().since(after_warmup)
     finally:
         off.close()
 
@@ -247,6 +249,7 @@ def run_scenario(cfg: ScenarioConfig, progress: Progress | None = None) -> dict:
         "prefix_hit_tokens": hit * bs,
         "prefix_hit_blocks": hit,
         "store": _transfer(stored, block_bytes),
+        "stats": stats.as_dict(),  # OffloadStats since the warm-up (docs/observability.md)
         "load": _transfer(loaded, block_bytes),
         "prefill": {
             "warmup_s": warmup_s,

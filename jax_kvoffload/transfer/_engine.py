@@ -70,6 +70,10 @@ class _Job:
     pieces: list[tuple[int, np.ndarray, Any, list[np.ndarray]]] = field(default_factory=list)
     applied: int = 0
     discarded: bool = False
+    ended: float | None = None  # when its worker part ended (set on the worker thread)
+
+    def mark_ended(self, _: Future) -> None:
+        self.ended = time.perf_counter()
 
 
 def _run(future: Future, after: list[Future], work: Callable[[], None]) -> None:
@@ -385,6 +389,7 @@ class TransferEngine:
             chunks,
             pieces if pieces is not None else [],
         )
+        future.add_done_callback(job.mark_ended)
         with deferred_interrupts():
             self._pending[job_id] = job
             try:
@@ -458,8 +463,13 @@ class TransferEngine:
             error = "cancelled before it started"
         else:
             error = job.future.exception()
+        scatter_started = time.perf_counter()
         if error is None and job.direction is Direction.LOAD:
             error = self._scatter(job)
+        # The job's own time: its worker part, then a load's scatter; not the time it
+        # waited for the caller to collect it (vLLM times the copies themselves).
+        now = time.perf_counter()
+        ended = now if job.ended is None else job.ended + (now - scatter_started)
         if error is not None and not job.discarded:
             logger.warning(
                 "transfer job %d (%s) failed: %r", job.job_id, job.direction.value, error
@@ -469,7 +479,7 @@ class TransferEngine:
             direction=job.direction,
             success=error is None,
             size_bytes=job.size_bytes,
-            seconds=time.perf_counter() - job.started,
+            seconds=ended - job.started,
             error=_describe(error),
         )
         with deferred_interrupts():

@@ -276,7 +276,11 @@ def _normalize(value: Any) -> Any:
     if isinstance(value, list):
         return [_normalize(v) for v in value]
     if hasattr(value, "data") and hasattr(value, "observe_histogram"):  # connector stats
-        return ("OffloadingConnectorStats", value.data)
+        # vLLM's metrics only: the plug-in's own (vllm:kv_offload_jax_*) have no twin.
+        types, data = value.data["types"], value.data["data"]
+        keep = [n for n in data if not n.startswith("vllm:kv_offload_jax_")]
+        kept = {n: (types[n], data[n]) for n in keep}
+        return ("OffloadingConnectorStats", kept, set(types) - set(data), value.data["info"])
     raise TypeError(f"cannot compare {value!r}")
 
 
@@ -306,6 +310,10 @@ class Twins:
             self.fail(f"policies differ: {self.policies}")
         self.coverage["traces"] += 1
         self.coverage[f"policy {type(self.policies[1]).__name__}"] += 1
+        # Our extra metrics (vllm:kv_offload_jax_*), modelled from vLLM's answers: the
+        # increments of all our payloads must add up to them at every get_stats.
+        self.expected: collections.Counter = collections.Counter()
+        self.reported: collections.Counter = collections.Counter()
 
     def fail(self, message: str) -> None:
         tail = "\n  ".join(f"{m}{_short(a)} req={r}" for m, a, r in self.log[-12:])
@@ -359,7 +367,23 @@ class Twins:
             for p in self.policies:
                 p.calls.clear()
         self._count(method, out[1], kw)
+        self._check_our_metrics(method, out)
         return out[1]
+
+    def _check_our_metrics(self, method: str, out: list[Any]) -> None:
+        if method == "lookup":  # vLLM's answer: LookupResult.HIT / HIT_PENDING / MISS
+            self.expected[("vllm:kv_offload_jax_chunk_lookups", (out[1].name.lower(),))] += 1
+        elif method == "prepare_store" and out[1] is not None:
+            self.expected[("vllm:kv_offload_jax_chunk_evictions", ())] += len(out[1].evicted_keys)
+        elif method == "get_stats":
+            for name, values in out[0].data["data"].items():
+                if name.startswith("vllm:kv_offload_jax_chunk_"):
+                    for labels, value in values.items():
+                        self.reported[(name, labels)] += value
+            got = {k: v for k, v in self.reported.items() if "_stores" not in k[0]}
+            want = {k: v for k, v in self.expected.items() if v}
+            if got != want:
+                self.fail(f"our metrics: sent {got}, vLLM's answers imply {want}")
 
     def _count(self, method: str, value: Any, kw: dict[str, Any]) -> None:
         """What the traces reached (the test asserts each outcome occurs)."""

@@ -62,6 +62,23 @@ def test_b_hits_a_whole_prefix_and_moves_its_bytes(summary):
         assert moved["seconds"] > 0 and moved["gb_per_s"] > 0
 
 
+def test_the_offloader_stats_count_the_scenario_after_its_warm_up(summary):
+    # A stores its 2 chunks (one job); B's 5 whole blocks are 2 chunks, both hit; one load.
+    st = summary["stats"]
+    nbytes = 4 * block_bytes(SMALL, 8)
+    assert (st["lookups"], st["hits"], st["hits_pending"], st["misses"]) == (2, 2, 0, 0)
+    assert (st["hit_tokens"], st["prefix_lookups"], st["prefix_hit_tokens"]) == (32, 1, 32)
+    for direction in ("store", "load"):
+        totals, job = st[direction], summary[direction]
+        assert (totals["jobs_completed"], totals["jobs_failed"]) == (1, 0)
+        assert (totals["bytes"], totals["seconds"]) == (nbytes, job["seconds"])
+    assert (st["stores_completed"], st["stores_failed"], st["stores_dropped"]) == (2, 0, 0)
+    assert (st["evictions"], st["resets"]) == (0, 0)  # the warm-up's reset is before
+    assert (st["occupied_chunks"], st["num_chunks"]) == (2, summary["host"]["chunks"])
+    assert st["occupancy_perc"] == 2 / summary["host"]["chunks"]
+    assert st["cpu_cache_usage_perc"] == 0.0  # nothing pinned or pending at the end
+
+
 def test_a_blocks_were_reused_and_overwritten_before_b_loaded(summary):
     assert summary["filler_reused_A_blocks"] is True
     assert summary["A_blocks_overwritten"] is True
@@ -164,6 +181,7 @@ def test_cli_json_is_the_only_stdout(capsys):
     assert data["check"]["passed"] is True
     assert data["prefix_hit_tokens"] == 32
     assert data["store"]["bytes"] == data["load"]["bytes"] == 4 * block_bytes(SMALL, 8)
+    assert data["stats"]["hits"] == 2 and data["stats"]["store"]["jobs_completed"] == 1
     assert "prefill B: done" in err  # progress goes to stderr
 
 
@@ -173,7 +191,8 @@ def test_cli_table_and_failing_exit_code(capsys):
     assert code == 1
     assert err == ""
     for row in ("prefix tokens hit", "stored, device->host", "loaded, host->device",
-                "prefill B with hit", "prefill B, no hit", "logits check"):  # fmt: skip
+                "prefill B with hit", "prefill B, no hit", "logits check",
+                "chunk lookups", "host tier now", "jobs since warm-up"):  # fmt: skip
         assert row in out
     assert "FAIL" in out
 

@@ -1,0 +1,69 @@
+"""The accounting behind `KVOffloader.stats()`: what the offloader counts itself.
+
+The host store already counts chunk lookups, store outcomes and evictions
+(`HostStore.counters()`); this adds what only the offloader sees: tokens per group,
+`lookup` calls and the prefix they returned, and the transfer jobs it reported. Calls
+come from the offloader's caller thread; `snapshot()` may come from any thread.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+
+from jax_kvoffload.stats import OffloadStats, TierSource, TransferTally, store_side
+
+__all__ = ["OffloaderAccounting"]
+
+
+class OffloaderAccounting:
+    """Counters of one `KVOffloader` (docs/observability.md).
+
+    Args:
+      store: the offloader's `HostStore` (read, never drained).
+      tokens_per_block: group id -> tokens one block of the group spans.
+      blocks_per_chunk: blocks per chunk.
+
+    Attributes:
+      tiers: returns the secondary tiers' `TierStats`, or None without tiers.
+    """
+
+    def __init__(self, store: object, tokens_per_block: Mapping[int, int], blocks_per_chunk: int):
+        self._store = store
+        self._tokens_per_block = dict(tokens_per_block)
+        self._bpc = blocks_per_chunk
+        self._lock = threading.Lock()
+        self._hit_tokens = 0
+        self._prefix_lookups = 0
+        self._prefix_hit_tokens = 0
+        self.transfers = TransferTally()
+        self.tiers: TierSource | None = None
+
+    def on_lookup(self, group: int, hit_chunks: int, prefix_blocks: int) -> None:
+        """One `lookup` call: `hit_chunks` chunks answered HIT, `prefix_blocks` returned."""
+        tokens = self._tokens_per_block[group]
+        with self._lock:
+            self._prefix_lookups += 1
+            self._hit_tokens += hit_chunks * self._bpc * tokens
+            self._prefix_hit_tokens += prefix_blocks * tokens
+
+    def on_job(self, store: bool, result: object) -> None:
+        """One reported `TransferResult` (`store`: its direction is device -> host)."""
+        self.transfers.record(store, result.success, result.size_bytes, result.seconds)
+
+    def snapshot(self) -> OffloadStats:
+        with self._lock:
+            hit_tokens, calls, prefix = (
+                self._hit_tokens,
+                self._prefix_lookups,
+                self._prefix_hit_tokens,
+            )
+        store, load = self.transfers.totals()
+        tiers = self.tiers() if self.tiers is not None else ()
+        return OffloadStats(
+            **store_side(self._store, hit_tokens, tiers),
+            prefix_lookups=calls,
+            prefix_hit_tokens=prefix,
+            store=store,
+            load=load,
+        )
