@@ -57,6 +57,7 @@ def _unavailable() -> str | None:
 
 def _run(args: list[str], report: pathlib.Path) -> subprocess.CompletedProcess:
     env = dict(os.environ)
+    env["JAX_KVOFFLOAD_VLLM_SUITE_HF_HOME"] = str(report.parent / "hf")
     env.pop("PYTEST_ADDOPTS", None)
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     # The plugin, then this checkout (after the working directory, vLLM's sources, so

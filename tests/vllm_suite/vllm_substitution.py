@@ -89,24 +89,27 @@ _OPT_125M_CONFIG = {
 }
 
 
-def _offline_model_hub() -> pathlib.Path:
-    """An offline Hugging Face cache holding only opt-125m's config."""
-    home = pathlib.Path(tempfile.mkdtemp(prefix="jax-kvoffload-vllm-hf-"))
+def _offline_model_hub() -> tuple[pathlib.Path, bool]:
+    """An offline Hugging Face cache holding only opt-125m's config, and whether this
+    process owns it (test_vllm_suite.py passes a folder it removes itself, so that a
+    killed run leaves nothing behind)."""
+    given = os.environ.get("JAX_KVOFFLOAD_VLLM_SUITE_HF_HOME")
+    home = pathlib.Path(given or tempfile.mkdtemp(prefix="jax-kvoffload-vllm-hf-"))
     repo = home / "hub" / "models--facebook--opt-125m"
     revision = "0" * 40
-    (repo / "refs").mkdir(parents=True)
-    (repo / "refs" / "main").write_text(revision)
     snapshot = repo / "snapshots" / revision
-    snapshot.mkdir(parents=True)
+    snapshot.mkdir(parents=True, exist_ok=True)
+    (repo / "refs").mkdir(exist_ok=True)
+    (repo / "refs" / "main").write_text(revision)
     (snapshot / "config.json").write_text(json.dumps(_OPT_125M_CONFIG))
     os.environ["HF_HOME"] = str(home)
     os.environ["HF_HUB_OFFLINE"] = "1"
     os.environ["TRANSFORMERS_OFFLINE"] = "1"
-    return home
+    return home, not given
 
 
 # Before vLLM's conftests (loaded ahead of pytest_configure) import huggingface_hub.
-_HF_HOME = _offline_model_hub()
+_HF_HOME, _OWN_HF_HOME = _offline_model_hub()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -359,4 +362,5 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     plugin = config.stash.get(_PLUGIN, None)
     if plugin is not None:
         plugin.close()
-    shutil.rmtree(_HF_HOME, ignore_errors=True)
+    if _OWN_HF_HOME:
+        shutil.rmtree(_HF_HOME, ignore_errors=True)
