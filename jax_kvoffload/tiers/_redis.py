@@ -86,6 +86,16 @@ def endpoint_from_config(config: RedisTierConfig) -> Endpoint:
     )
 
 
+def _in_sync(conn: RespConnection, batch, items):
+    """Runs `batch(conn, items)`; an unexpected exception (the job runner fails the task)
+    closes the connection, so the thread's next task never reads this one's replies."""
+    try:
+        return batch(conn, items)
+    except BaseException:
+        conn.close()
+        raise
+
+
 class RedisTier(SecondaryTier):
     """The Redis-protocol secondary tier (contract: `SecondaryTier`; options:
     `RedisTierConfig`). Opening it does not need the server to be up."""
@@ -183,18 +193,26 @@ class RedisTier(SecondaryTier):
             def attempt() -> list[bool]:
                 conn.begin()
                 conn.send([command(b"EXISTS", self.key_of(k)) for k in keys])
-                return [conn.read_reply() == 1 for _ in keys]
+                replies = [conn.read_reply() for _ in keys]
+                for r in replies:
+                    if not isinstance(r, (int, RespServerError)):
+                        raise conn.unexpected(r, "EXISTS")
+                return [r == 1 for r in replies]
 
+            in_sync = False
             try:
                 if self._ready(conn):
                     out = self._exchange(conn, reused, attempt)
                     self._mark_up()
+                in_sync = True
             except RespConnectionError as e:
                 self._mark_down(e)
                 out = [False] * len(keys)
             finally:
+                # Only a connection whose every reply was read goes back to the pool: one
+                # left mid-reply would answer the next caller with a stale reply.
                 with self._health:
-                    keep = conn.connected and len(self._idle) < _MAX_IDLE
+                    keep = in_sync and conn.connected and len(self._idle) < _MAX_IDLE
                     if keep:
                         self._idle.append(conn)
                 if not keep:
@@ -207,7 +225,7 @@ class RedisTier(SecondaryTier):
         views = check_items(items, "items")
         self._counters.add(stores_submitted=1)
         tasks = [
-            (a, b, lambda conn, a=a, b=b: self._store_batch(conn, views[a:b]))
+            (a, b, lambda conn, a=a, b=b: _in_sync(conn, self._store_batch, views[a:b]))
             for a, b in self._batches([len(v) for _, v in views])
         ]
         nbytes = sum(len(v) for _, v in views)
@@ -220,7 +238,7 @@ class RedisTier(SecondaryTier):
         views = check_items(items, "items", writable=True)
         self._counters.add(loads_submitted=1)
         tasks = [
-            (a, b, lambda conn, a=a, b=b: self._load_batch(conn, views[a:b]))
+            (a, b, lambda conn, a=a, b=b: _in_sync(conn, self._load_batch, views[a:b]))
             for a, b in self._batches([len(v) for _, v in views])
         ]
         return self._runner.submit("load", [k for k, _ in views], tasks, 0)
@@ -284,7 +302,11 @@ class RedisTier(SecondaryTier):
         def attempt():
             conn.begin()
             conn.send(parts)
-            return [conn.read_reply() for _ in items]
+            replies = [conn.read_reply() for _ in items]
+            for r in replies:
+                if r != "OK" and not isinstance(r, RespServerError):
+                    raise conn.unexpected(r, "SET")
+            return replies
 
         try:
             replies = self._exchange(conn, reused, attempt)
@@ -357,7 +379,9 @@ class RedisTier(SecondaryTier):
                 )
         if bad:  # a concurrent rewrite may be lost: a future miss, never a wrong byte
             conn.send([command(b"DEL", *[self.key_of(k) for k in bad])])
-            conn.read_reply()
+            reply = conn.read_reply()
+            if not isinstance(reply, (int, RespServerError)):
+                raise conn.unexpected(reply, "DEL")
 
     def _read_value(
         self, conn: RespConnection, key: bytes, out: memoryview
