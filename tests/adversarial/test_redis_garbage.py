@@ -5,6 +5,8 @@ key into a hit). No real server needed: `_fake_resp.FakeResp` scripts the answer
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -47,8 +49,6 @@ def test_contains_answers_false_on_garbage_and_drops_the_connection(kind):
         t = tier(server.url)
         try:
             assert t.contains([K1]) == [False]
-            import time
-
             time.sleep(0.05)  # past retry_after_s: the server is tried again
             assert t.contains([K2]) == [False]  # not the stale ":1"
             assert server.connections == 2
@@ -72,8 +72,6 @@ def test_a_refused_store_after_garbage_is_not_reported_stored(kind):
             row = np.arange(64, dtype=np.uint8)
             first = t.submit_store([(K1, row)]).result(10)
             assert first.ok == (False,)
-            import time
-
             time.sleep(0.05)  # past retry_after_s: the next store is not dropped
             second = t.submit_store([(K2, row)]).result(10)
             assert second.ok == (False,) and not second.dropped
