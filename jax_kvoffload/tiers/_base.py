@@ -9,7 +9,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
+from jax_kvoffload.errors import KVOffloadTypeError
 from jax_kvoffload.tiers._errors import TierClosedError
+from jax_kvoffload.tiers._payload import check_keys
 
 __all__ = ["SecondaryTier", "TierJobResult", "TierStats"]
 
@@ -141,7 +143,7 @@ class SecondaryTier(ABC):
     def __init__(self, namespace: bytes) -> None:
         if not isinstance(namespace, bytes) or len(namespace) != 32:
             got = f"{len(namespace)} bytes" if isinstance(namespace, bytes) else type(namespace)
-            raise TypeError(
+            raise KVOffloadTypeError(
                 f"namespace must be the 32-byte digest of namespace_digest(config), got {got}"
             )
         self._namespace = namespace
@@ -180,10 +182,15 @@ class SecondaryTier(ABC):
     def lookup_async(self, keys: Sequence[bytes]) -> cf.Future[list[bool]]:
         """`contains(keys)` on the tier's lookup thread; never blocks the caller."""
         self._check_open()
+        keys = self._check_lookup_keys(keys)
         with self._lookup_lock:
             if self._lookup_pool is None:
                 self._lookup_pool = cf.ThreadPoolExecutor(1, thread_name_prefix="tier-lookup")
-            return self._lookup_pool.submit(self.contains, list(keys))
+            return self._lookup_pool.submit(self.contains, keys)
+
+    def _check_lookup_keys(self, keys: Sequence[bytes]) -> list[bytes]:
+        """The keys a lookup takes, checked now (not on the lookup thread)."""
+        return check_keys(keys)
 
     def stats(self) -> TierStats:
         """Counters since the tier was opened, and its occupancy."""

@@ -25,6 +25,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from jax_kvoffload.config import DiskTierConfig
+from jax_kvoffload.errors import KVOffloadTypeError
 from jax_kvoffload.tiers._base import Buffer, SecondaryTier, TierJobResult
 from jax_kvoffload.tiers._crc import crc32c, warn_if_slow
 from jax_kvoffload.tiers._disk_fs import (
@@ -73,7 +74,9 @@ class DiskTier(SecondaryTier):
     ) -> None:
         super().__init__(namespace)
         if not isinstance(config, DiskTierConfig):
-            raise TypeError(f"config must be a DiskTierConfig, got {type(config).__name__}")
+            raise KVOffloadTypeError(
+                f"config must be a DiskTierConfig, got {type(config).__name__}"
+            )
         self.config = config
         warn_if_slow()
         self._root_fd = open_private_root(config.path)
@@ -120,7 +123,7 @@ class DiskTier(SecondaryTier):
 
     def contains(self, keys: Sequence[bytes]) -> list[bool]:
         self._check_open()
-        check_keys(keys)
+        keys = check_keys(keys)
         out = []
         for key in keys:
             aa, bb, name = entry_name(self._namespace, key)

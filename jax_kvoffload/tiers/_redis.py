@@ -23,7 +23,8 @@ import threading
 import time
 from collections.abc import Sequence
 
-from jax_kvoffload.config import RedisTierConfig
+from jax_kvoffload.config import RedisTierConfig, TierConfigError
+from jax_kvoffload.errors import KVOffloadTypeError
 from jax_kvoffload.tiers._base import Buffer, SecondaryTier, TierJobResult
 from jax_kvoffload.tiers._crc import crc32c, warn_if_slow
 from jax_kvoffload.tiers._entry import check_header, encode_header, header_length
@@ -43,6 +44,9 @@ logger = logging.getLogger(__name__)
 
 _MAX_RETRY_S = 30.0
 _MAX_IDLE = 4  # connections kept for contains() calls from other threads
+# The server-side key spells the last 4 bytes (the group index) as a number and the rest
+# in hex: keys shorter than 4 bytes would collide (b"\x01" and b"\x00\x01").
+_MIN_KEY_BYTES = 4
 
 
 def redis_key(prefix: str, namespace: bytes, key: bytes) -> bytes:
@@ -65,9 +69,20 @@ def endpoint_from_config(config: RedisTierConfig) -> Endpoint:
             )
     tls = None
     if ep["scheme"] == "rediss":
-        tls = ssl.create_default_context(cafile=config.tls_ca_file)
-        if config.tls_cert_file:
-            tls.load_cert_chain(config.tls_cert_file, config.tls_key_file)
+        key, value = "tls_ca_file", config.tls_ca_file
+        try:
+            tls = ssl.create_default_context(cafile=config.tls_ca_file)
+            if config.tls_cert_file:
+                key, value = "tls_cert_file", config.tls_cert_file
+                tls.load_cert_chain(config.tls_cert_file, config.tls_key_file)
+        except (OSError, ssl.SSLError) as e:
+            raise TierConfigError(
+                type(config).__name__,
+                key,
+                value,
+                f"cannot be read as PEM ({e}); give a readable PEM file (tls_cert_file "
+                "with tls_key_file, or one file holding both)",
+            ) from None
         if not config.tls_verify:
             logger.warning("redis tier: tls_verify=false: the server's certificate is not checked")
             tls.check_hostname = False
@@ -105,7 +120,9 @@ class RedisTier(SecondaryTier):
     def __init__(self, config: RedisTierConfig, namespace: bytes) -> None:
         super().__init__(namespace)
         if not isinstance(config, RedisTierConfig):
-            raise TypeError(f"config must be a RedisTierConfig, got {type(config).__name__}")
+            raise KVOffloadTypeError(
+                f"config must be a RedisTierConfig, got {type(config).__name__}"
+            )
         self.config = config
         warn_if_slow()
         self._endpoint = endpoint_from_config(config)
@@ -124,6 +141,9 @@ class RedisTier(SecondaryTier):
             make_state=lambda kind: RespConnection(self._endpoint),
             close_state=lambda conn: conn.close(),
         )
+
+    def _check_lookup_keys(self, keys: Sequence[bytes]) -> list[bytes]:
+        return check_keys(keys, min_bytes=_MIN_KEY_BYTES)
 
     def key_of(self, key: bytes) -> bytes:
         """The server-side key of an offload key."""
@@ -183,7 +203,7 @@ class RedisTier(SecondaryTier):
 
     def contains(self, keys: Sequence[bytes]) -> list[bool]:
         self._check_open()
-        check_keys(keys)
+        keys = check_keys(keys, min_bytes=_MIN_KEY_BYTES)
         out = [False] * len(keys)
         if keys:
             with self._health:
@@ -222,7 +242,7 @@ class RedisTier(SecondaryTier):
 
     def submit_store(self, items: Sequence[tuple[bytes, Buffer]]) -> cf.Future[TierJobResult]:
         self._check_open()
-        views = check_items(items, "items")
+        views = check_items(items, "items", min_bytes=_MIN_KEY_BYTES)
         self._counters.add(stores_submitted=1)
         tasks = [
             (a, b, lambda conn, a=a, b=b: _in_sync(conn, self._store_batch, views[a:b]))
@@ -235,7 +255,7 @@ class RedisTier(SecondaryTier):
 
     def submit_load(self, items: Sequence[tuple[bytes, Buffer]]) -> cf.Future[TierJobResult]:
         self._check_open()
-        views = check_items(items, "items", writable=True)
+        views = check_items(items, "items", writable=True, min_bytes=_MIN_KEY_BYTES)
         self._counters.add(loads_submitted=1)
         tasks = [
             (a, b, lambda conn, a=a, b=b: _in_sync(conn, self._load_batch, views[a:b]))
