@@ -162,6 +162,7 @@ class DiskTier(SecondaryTier):
     def _close_io(self) -> None:
         self._scan_stop.set()  # close() does not wait for a long start-up scan
         self._runner.close()
+        self._scan_done.wait()  # not join() alone: see JobRunner.close
         self._scanner.join()
         self._close_fds()
 
