@@ -39,7 +39,7 @@ from jax_kvoffload.tiers._disk_fs import (
 )
 from jax_kvoffload.tiers._disk_index import DiskIndex, scan_root
 from jax_kvoffload.tiers._entry import check_header, encode_header
-from jax_kvoffload.tiers._errors import DirectIOUnavailableError
+from jax_kvoffload.tiers._errors import DirectIOUnavailableError, TierStateError
 from jax_kvoffload.tiers._jobs import JobRunner
 from jax_kvoffload.tiers._payload import check_items, check_keys, log_once
 
@@ -83,6 +83,12 @@ class DiskTier(SecondaryTier):
         self._ns_name = namespace[:8].hex()
         try:
             self._ns_fd, _ = open_private_dir(self._root_fd, self._ns_name, config.path)
+        except OSError as e:  # a full disk, a read-only filesystem
+            os.close(self._root_fd)
+            raise TierStateError(
+                f"cannot create the namespace directory {self._ns_name!r} in the tier "
+                f"directory {config.path!r}: {e.strerror or e}"
+            ) from None
         except BaseException:
             os.close(self._root_fd)
             raise

@@ -19,6 +19,7 @@ from jax_kvoffload.tiers import (
     RedisTierConfig,
     TierConfigError,
     TierKeyError,
+    TierStateError,
     open_tier,
     parse_secondary_tiers,
 )
@@ -180,3 +181,11 @@ def test_redis_refuses_keys_that_collide_in_its_key_format():
         assert t.key_of(b"\x00\x00\x00\x01") != t.key_of(b"\x00\x00\x00\x00\x01")
     finally:
         t.close()
+
+
+def test_a_directory_that_cannot_be_made_is_a_state_error(tmp_path):
+    # Before: raw FileExistsError / FileNotFoundError / PermissionError from makedirs.
+    (tmp_path / "file").write_text("")
+    for path in (tmp_path / "file" / "tier", "/proc/jkv-tier", "/proc/1/jkv/tier"):
+        with pytest.raises(TierStateError, match="tier directory"):
+            DiskTier(DiskTierConfig(path=str(path), capacity_bytes=1 << 20), NS)
