@@ -160,7 +160,7 @@ class JobRunner:
                     oks, moved = fn(state)
                     if len(oks) != stop - start:  # a bug in the tier, not an I/O error
                         raise AssertionError(f"task returned {len(oks)} results for {stop - start}")
-                except Exception:
+                except BaseException:  # SystemExit too: the thread serves the next task
                     logger.exception("tier %s task failed; its %d keys failed", kind, stop - start)
                     self._counters.add(errors=1)
                     oks, moved = [False] * (stop - start), 0

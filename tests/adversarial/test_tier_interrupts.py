@@ -85,3 +85,29 @@ def test_an_interrupted_close_is_completed_by_the_next_close(tmp_path, monkeypat
     assert future.result(5).ok == (True,)
     assert not tier_threads("disk-tier")
     assert open_fds() <= before, "descriptors left open"
+
+
+@pytest.mark.parametrize("exc", [SystemExit, KeyboardInterrupt, GeneratorExit])
+def test_a_task_raising_a_base_exception_fails_its_keys_only(tmp_path, monkeypatch, exc):
+    # Before: the I/O thread died with the task; its job's future never completed, so
+    # drain() never returned True and vLLM's drain_jobs() would wait forever.
+    tier = DiskTier(
+        DiskTierConfig(path=str(tmp_path / "t"), capacity_bytes=1 << 20, write_threads=1), NS
+    )
+    try:
+        store = DiskTier._store_one
+        calls = []
+
+        def store_one(self, *args):
+            calls.append(1)
+            if len(calls) == 1:
+                raise exc("injected")
+            return store(self, *args)
+
+        monkeypatch.setattr(DiskTier, "_store_one", store_one)
+        row = np.arange(64, dtype=np.uint8)
+        assert tier.submit_store([(K1, row)]).result(5).ok == (False,)
+        assert tier.drain(5)
+        assert tier.submit_store([(K2, row)]).result(5).ok == (True,)  # the thread lives
+    finally:
+        tier.close()
