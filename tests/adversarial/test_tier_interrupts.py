@@ -44,20 +44,25 @@ def test_an_interrupted_contains_never_passes_on_its_connection():
     # K1's answer (":1", it exists) comes late; K2 does not exist (":0" at once). Before:
     # the interrupted call put its connection back in the pool, and the next contains()
     # read K1's late ":1" as K2's answer.
+    released, answered = threading.Event(), threading.Event()
+
     def reply(conn, args):
         if args[1].endswith(K1[:-4].hex().encode() + b":0"):
-            time.sleep(1.0)
+            released.wait(10)  # answers only once the caller has been interrupted
+            answered.set()
             return b":1\r\n"
         return b":0\r\n"
 
     with FakeResp(reply) as server:
-        t = RedisTier(RedisTierConfig(url=server.url, io_timeout_s=5.0), NS)
+        t = RedisTier(RedisTierConfig(url=server.url, io_timeout_s=10.0), NS)
         try:
-            timer = interrupt_after(0.3)
+            timer = interrupt_after(0.2)
             with pytest.raises(KeyboardInterrupt):
                 t.contains([K1])
             timer.join()
-            time.sleep(1.0)  # the late reply has arrived by now
+            released.set()
+            assert answered.wait(10)
+            time.sleep(0.05)  # the late reply is on its way back
             assert t.contains([K2]) == [False]
         finally:
             t.close()
@@ -68,19 +73,21 @@ def test_an_interrupted_close_is_completed_by_the_next_close(tmp_path, monkeypat
     tier = DiskTier(
         DiskTierConfig(path=str(tmp_path / "t"), capacity_bytes=1 << 20, write_threads=1), NS
     )
-    slow = DiskTier._store_one
+    slow, running, released = DiskTier._store_one, threading.Event(), threading.Event()
 
     def store_one(self, *args):
-        time.sleep(1.0)  # a slow disk: close() waits for this running write
+        running.set()
+        released.wait(10)  # a slow disk: close() waits for this running write
         return slow(self, *args)
 
     monkeypatch.setattr(DiskTier, "_store_one", store_one)
     future = tier.submit_store([(K1, np.arange(64, dtype=np.uint8))])
-    time.sleep(0.1)
-    timer = interrupt_after(0.3)
+    assert running.wait(10)
+    timer = interrupt_after(0.2)
     with pytest.raises(KeyboardInterrupt):
         tier.close()
     timer.join()
+    released.set()
     tier.close()  # before: returned at once, leaving the descriptors open
     assert future.result(5).ok == (True,)
     assert not tier_threads("disk-tier")

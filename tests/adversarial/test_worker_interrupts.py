@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import signal
 import threading
-import time
 import types
 
 import numpy as np
@@ -49,22 +48,24 @@ def test_wait_with_garbage_is_a_typed_error(bad):
 )
 def test_an_interrupted_shutdown_still_waits_for_running_jobs(monkeypatch):
     events: list[str] = []
-    write = TorchKVWorker._write
+    write, running, released = TorchKVWorker._write, threading.Event(), threading.Event()
 
     def slow_write(self, staged):
-        time.sleep(1.0)  # a slow host copy, running when shutdown() starts
+        running.set()
+        released.wait(10)  # a slow host copy, running when shutdown() starts
         write(self, staged)
         events.append("job done")
 
     monkeypatch.setattr(TorchKVWorker, "_write", slow_write)
     w = worker(on_shutdown=lambda: events.append("on_shutdown"))
     assert w.submit_store(7, spec([1], [1], [0]), spec([2]))
-    time.sleep(0.1)
-    timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
+    assert running.wait(10)
+    timer = threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT))
     timer.start()
     with pytest.raises(KeyboardInterrupt):
         w.shutdown()
     timer.join()
+    released.set()
     w.shutdown()  # before: returned at once; on_shutdown never ran
     w.shutdown()
     assert events == ["job done", "on_shutdown"]
