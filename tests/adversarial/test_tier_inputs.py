@@ -189,3 +189,31 @@ def test_a_directory_that_cannot_be_made_is_a_state_error(tmp_path):
     for path in (tmp_path / "file" / "tier", "/proc/jkv-tier", "/proc/1/jkv/tier"):
         with pytest.raises(TierStateError, match="tier directory"):
             DiskTier(DiskTierConfig(path=str(path), capacity_bytes=1 << 20), NS)
+
+
+@pytest.mark.parametrize("bad", [None, 5, {}, "cfg"])
+def test_namespace_of_something_that_is_not_a_config(bad):
+    # Before: AttributeError ("'NoneType' object has no attribute 'parallel'").
+    from jax_kvoffload.tiers import namespace_digest
+
+    with pytest.raises(KVOffloadTypeError, match="OffloadingConfig"):
+        namespace_digest(bad)
+
+
+@pytest.mark.parametrize(
+    ("kw", "family"),
+    [
+        ({"codec": "zstd"}, ValueError),
+        ({"codec": None}, ValueError),
+        ({"rank": -1}, ValueError),
+        ({"rank": True}, TypeError),
+        ({"rank": 1.0}, TypeError),
+    ],
+)
+def test_namespace_options_errors_are_of_the_root(kw, family):
+    from jax_kvoffload.tiers import namespace_digest
+    from tests.tiers._helpers import offloading_config
+
+    with pytest.raises(KVOffloadError) as info:
+        namespace_digest(offloading_config(), **kw)
+    assert isinstance(info.value, family)
