@@ -217,3 +217,15 @@ def test_namespace_options_errors_are_of_the_root(kw, family):
     with pytest.raises(KVOffloadError) as info:
         namespace_digest(offloading_config(), **kw)
     assert isinstance(info.value, family)
+
+
+@pytest.mark.parametrize(
+    ("data", "value"),
+    [(None, 0), ("abc", 0), ([1, 2], 0), (np.zeros((4, 4))[:, :2], 0), (b"x", "0"), (b"x", -1)],
+)
+def test_crc32c_of_garbage_is_an_error_of_the_root(data, value):
+    # Before: raw TypeError/ValueError/OverflowError from memoryview or the C library.
+    from jax_kvoffload.tiers import crc32c
+
+    with pytest.raises(KVOffloadError):
+        crc32c(data, value)
