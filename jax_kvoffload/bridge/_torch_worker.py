@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -230,7 +230,8 @@ class TorchKVWorker:
         self._jobs: dict[str, deque[_Job]] = {q: deque() for q in _QUEUES}
         self._threads = {q: ThreadPoolExecutor(1, thread_name_prefix=f"kv-{q}") for q in _QUEUES}
         self._ready: list[Any] = []
-        self._closed = False
+        self._closed = False  # no new jobs
+        self._shut_down = False  # every job ended, on_shutdown called
         self._tally = TransferTally()
 
     # -- vLLM OffloadingWorker API -------------------------------------------------
@@ -278,6 +279,10 @@ class TorchKVWorker:
 
     def wait(self, job_ids: set[int] | Sequence[int]) -> None:
         """Blocks until the given jobs ended; their results stay for `get_finished`."""
+        if isinstance(job_ids, (str, bytes)) or not isinstance(job_ids, Iterable):
+            raise KVOffloadTypeError(
+                f"job_ids must be a set or sequence of job ids, got {type(job_ids).__name__}"
+            )
         wanted = set(int_ids("job_ids", list(job_ids)))
         for queue in self._jobs.values():
             for job in list(queue):
@@ -290,14 +295,23 @@ class TorchKVWorker:
         return self._tally.totals()
 
     def shutdown(self) -> None:
-        """Waits for every job, then frees the threads. Idempotent."""
-        if self._closed:
+        """Waits for every job, then frees the threads. Idempotent; if interrupted while
+        it waits, new jobs are already refused and the next call finishes the job."""
+        if self._shut_down:
             return
         self._closed = True
+        # The jobs' own futures, not the threads' joins, say when the work has ended: a
+        # join interrupted by Ctrl-C marks a running thread stopped on CPython 3.11, and
+        # on_shutdown may unmap the memory a running job still writes.
+        for queue in self._jobs.values():
+            for job in list(queue):
+                job.future.exception()  # waits without raising
         for pool in self._threads.values():
             pool.shutdown(wait=True)
-        if self._on_shutdown is not None:
-            self._on_shutdown()
+        if not self._shut_down:
+            self._shut_down = True
+            if self._on_shutdown is not None:
+                self._on_shutdown()
 
     # -- internals ------------------------------------------------------------------
 

@@ -30,6 +30,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from jax_kvoffload.config import tier_config_from_dict
+from jax_kvoffload.errors import KVOffloadValueError
 
 __all__ = ["JaxDiskTier", "JaxRedisTier", "build_tier_classes"]
 
@@ -110,6 +111,13 @@ def build_tier_classes() -> dict[str, type]:
             self._lookup = _Lookup(self._tier, tier_type)
 
         def _row(self, chunk_id: int) -> memoryview:
+            # Checked: a negative id would slice from the end of the view, i.e. another
+            # row's bytes stored (with a valid checksum) under this job's key.
+            n = len(self._rows) // self._row_bytes
+            if not 0 <= int(chunk_id) < n:
+                raise KVOffloadValueError(
+                    f"chunk id {chunk_id} is outside the primary tier's rows [0, {n})"
+                )
             start = int(chunk_id) * self._row_bytes
             return self._rows[start : start + self._row_bytes]
 

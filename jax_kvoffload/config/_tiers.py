@@ -18,14 +18,24 @@ Every error is a `TierConfigError` naming the entry, the key, the value and the 
 from __future__ import annotations
 
 import difflib
-import re
-import urllib.parse
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
-from jax_kvoffload.config._errors import OffloadConfigError
 from jax_kvoffload.config._frozen import FrozenDict, thaw
+from jax_kvoffload.config._tier_values import (
+    ABSENT,
+    MAX_THREADS,
+    TierConfigError,
+    check_bool,
+    check_common,
+    check_int,
+    check_opt_str,
+    check_path,
+    check_seconds,
+    check_size,
+    parse_redis_url,
+)
 
 __all__ = [
     "OUR_TIER_CLASSES",
@@ -44,69 +54,12 @@ VLLM_TIER_TYPES = ("example", "fs", "p2p", "obj", "kvcr")
 # Our tiers under the class names vLLM's factory resolves with `module_path`.
 OUR_TIER_CLASSES = {"JaxDiskTier": "disk", "JaxRedisTier": "redis"}
 BRIDGE_MODULE = "jax_kvoffload.bridge._vllm_tiers"
-
-_UNITS = {"": 1, "B": 1, "K": 1000, "M": 10**6, "G": 10**9, "T": 10**12}
-_SIZE = re.compile(r"^\s*(\d+)\s*([KMGT]?)(I?)B?\s*$", re.IGNORECASE)
-
-
-class TierConfigError(OffloadConfigError):
-    """A `secondary_tiers` entry is malformed; `where`, `key` and `value` locate it."""
-
-    def __init__(self, where: str, key: str | None, value: Any, message: str) -> None:
-        at = f"{where}.{key}" if key else where
-        shown = "" if value is _ABSENT else f"={value!r}"
-        super().__init__(f"{at}{shown}: {message}")
-        self.where = where
-        self.key = key
-        self.value = None if value is _ABSENT else value
+_ABSENT = ABSENT
+_DIRECT_IO = {True: "on", False: "off", "auto": "auto", "on": "on", "off": "off"}
 
 
-_ABSENT = object()
-
-
-def _size(where: str, key: str, value: Any, *, minimum: int = 1) -> int:
-    """Bytes as an int, an int string, or `<n>[K|M|G|T][i]B` ("64GiB" = 64 * 2**30)."""
-    if isinstance(value, bool):
-        raise TierConfigError(where, key, value, "must be a number of bytes, not a bool")
-    if isinstance(value, int):
-        n = value
-    elif isinstance(value, str) and (m := _SIZE.match(value)):
-        unit = m.group(2).upper()
-        base = 1024 ** " KMGT".index(unit) if m.group(3) and unit else _UNITS[unit]
-        n = int(m.group(1)) * base
-    else:
-        raise TierConfigError(
-            where, key, value, 'must be a number of bytes: an int or a string like "64GiB"'
-        )
-    if n < minimum:
-        raise TierConfigError(where, key, value, f"must be at least {minimum} bytes")
-    return n
-
-
-def _int(where: str, key: str, value: Any, *, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TierConfigError(where, key, value, f"must be an int >= {minimum}")
-    if value < minimum:
-        raise TierConfigError(where, key, value, f"must be >= {minimum}; use {minimum}")
-    return value
-
-
-def _seconds(where: str, key: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise TierConfigError(where, key, value, "must be a number of seconds > 0")
-    return float(value)
-
-
-def _bool(where: str, key: str, value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise TierConfigError(where, key, value, "must be true or false")
-    return value
-
-
-def _opt_str(where: str, key: str, value: Any) -> str | None:
-    if value is not None and (not isinstance(value, str) or not value):
-        raise TierConfigError(where, key, value, "must be a non-empty string (or absent)")
-    return value
+def _set(obj: object, name: str, value: Any) -> None:
+    object.__setattr__(obj, name, value)  # frozen: normalising in __post_init__
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -123,6 +76,14 @@ class _TierOptions:
     locality: str | None = None
     backpressure: FrozenDict | None = None
     enable_kv_events: bool = False
+
+    def __post_init__(self) -> None:
+        where = type(self).__name__
+        values = check_common(where, self.locality, self.backpressure, self.enable_kv_events)
+        for name, value in zip(
+            ("locality", "backpressure", "enable_kv_events"), values, strict=True
+        ):
+            _set(self, name, value)
 
     def to_dict(self) -> dict[str, Any]:
         """Our shape, `{"type": "disk", ...}`; `parse_secondary_tiers` inverts it."""
@@ -169,6 +130,24 @@ class DiskTierConfig(_TierOptions):
     fsync: bool = True
     rescan_timeout_s: float = 30.0
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        w = type(self).__name__
+        _set(self, "path", check_path(w, "path", self.path))
+        _set(self, "capacity_bytes", check_size(w, "capacity_bytes", self.capacity_bytes))
+        for key in ("read_threads", "write_threads"):
+            _set(self, key, check_int(w, key, getattr(self, key), minimum=1, maximum=MAX_THREADS))
+        pending = check_size(w, "max_pending_store_bytes", self.max_pending_store_bytes)
+        _set(self, "max_pending_store_bytes", pending)
+        d = self.direct_io
+        if isinstance(d, (bool, str)) and d in _DIRECT_IO:
+            _set(self, "direct_io", _DIRECT_IO[d])
+        else:
+            raise TierConfigError(w, "direct_io", d, 'must be "auto", "on" or "off"')
+        _set(self, "fsync", check_bool(w, "fsync", self.fsync))
+        timeout = check_seconds(w, "rescan_timeout_s", self.rescan_timeout_s)
+        _set(self, "rescan_timeout_s", timeout)
+
 
 @dataclass(frozen=True, kw_only=True)
 class RedisTierConfig(_TierOptions):
@@ -210,10 +189,41 @@ class RedisTierConfig(_TierOptions):
     tls_verify: bool = True
     tls_server_name: str | None = None
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        w = type(self).__name__
+        parse_redis_url(w, "url", self.url)
+        for key in ("read_connections", "write_connections"):
+            _set(self, key, check_int(w, key, getattr(self, key), minimum=1, maximum=MAX_THREADS))
+        for key in ("connect_timeout_s", "io_timeout_s", "retry_after_s"):
+            _set(self, key, check_seconds(w, key, getattr(self, key)))
+        for key in ("max_pending_store_bytes", "batch_bytes"):
+            _set(self, key, check_size(w, key, getattr(self, key)))
+        if self.ttl_s is not None:
+            # Redis keeps expiries in milliseconds of a signed 64-bit clock.
+            _set(self, "ttl_s", check_int(w, "ttl_s", self.ttl_s, minimum=1, maximum=2**31 - 1))
+        p = self.key_prefix
+        if not isinstance(p, str) or not p or any(c.isspace() for c in p) or "\0" in p:
+            raise TierConfigError(w, "key_prefix", p, "must be a non-empty string without spaces")
+        for key in ("password_env", "tls_ca_file", "tls_cert_file", "tls_key_file"):
+            check_opt_str(w, key, getattr(self, key))
+        check_opt_str(w, "tls_server_name", self.tls_server_name)
+        check_bool(w, "tls_verify", self.tls_verify)
+        tls_set = [
+            f.name
+            for f in fields(self)
+            if f.name.startswith("tls_") and getattr(self, f.name) != f.default
+        ]
+        if tls_set and not self.url.lower().startswith("rediss://"):
+            key = tls_set[0]
+            raise TierConfigError(
+                w, key, getattr(self, key), "applies to TLS only; use a rediss:// URL"
+            )
+
     @property
     def endpoint(self) -> dict[str, Any]:
         """The parsed URL: scheme, host, port, path (unix), db, username, password."""
-        return _parse_redis_url("", "url", self.url)
+        return parse_redis_url(type(self).__name__, "url", self.url)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -243,68 +253,6 @@ class VllmTierConfig:
 TierConfig = DiskTierConfig | RedisTierConfig | VllmTierConfig
 
 
-def _parse_redis_url(where: str, key: str, url: Any) -> dict[str, Any]:
-    if not isinstance(url, str) or not url:
-        raise TierConfigError(where, key, url, 'must be a URL like "redis://127.0.0.1:6379/0"')
-    parts = urllib.parse.urlsplit(url)
-    scheme = parts.scheme.lower()
-    query = urllib.parse.parse_qs(parts.query)
-    if scheme not in ("redis", "rediss", "unix"):
-        raise TierConfigError(
-            where, key, _redacted(url), "scheme must be redis://, rediss:// (TLS) or unix://"
-        )
-    db_text = query.get("db", [""])[0] if scheme == "unix" else parts.path.lstrip("/")
-    if db_text and not db_text.isdigit():
-        raise TierConfigError(where, key, _redacted(url), f"database {db_text!r} must be an int")
-    try:
-        port = parts.port
-    except ValueError:
-        raise TierConfigError(
-            where, key, _redacted(url), "port must be an int in 1..65535"
-        ) from None
-    if scheme == "unix":
-        if not parts.path:
-            raise TierConfigError(where, key, url, "needs a socket path: unix:///path/redis.sock")
-    elif not parts.hostname:
-        raise TierConfigError(where, key, _redacted(url), "needs a host: redis://HOST:PORT")
-    return {
-        "scheme": scheme,
-        "host": parts.hostname,
-        "port": port or 6379,
-        "path": parts.path if scheme == "unix" else None,
-        "db": int(db_text or 0),
-        "username": urllib.parse.unquote(parts.username) if parts.username else None,
-        "password": urllib.parse.unquote(parts.password) if parts.password else None,
-    }
-
-
-def _redacted(url: str) -> str:
-    parts = urllib.parse.urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.replace(":" + parts.password + "@", ":***@")
-    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
-
-
-def _common(where: str, raw: dict[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    if "locality" in raw:
-        loc = raw.pop("locality")
-        if loc is not None:
-            if not isinstance(loc, str) or loc.upper() not in ("LOCAL", "REMOTE"):
-                raise TierConfigError(where, "locality", loc, 'must be "LOCAL" or "REMOTE"')
-            loc = loc.upper()
-        out["locality"] = loc
-    if "backpressure" in raw:
-        bp = raw.pop("backpressure")
-        if bp is not None and not isinstance(bp, Mapping):
-            raise TierConfigError(where, "backpressure", bp, "must be a dict (vLLM's shape)")
-        out["backpressure"] = None if bp is None else FrozenDict(bp)
-    if "enable_kv_events" in raw:
-        out["enable_kv_events"] = _bool(where, "enable_kv_events", raw.pop("enable_kv_events"))
-    return out
-
-
 def _unknown(where: str, raw: Mapping[str, Any], cls: type) -> None:
     known = sorted({f.name for f in fields(cls)} | {"type", "module_path"})
     for key in raw:
@@ -319,73 +267,26 @@ def _missing(where: str, raw: Mapping[str, Any], key: str, example: str) -> Any:
     return raw[key]
 
 
+def _build(where: str, cls: type, raw: dict[str, Any], required: dict[str, str]) -> Any:
+    """`cls(**raw)` after the structural checks; the constructor checks every value
+    (`__post_init__`) and its errors are reported at `where`."""
+    for key, example in required.items():
+        _missing(where, raw, key, example)
+    known = {f.name for f in fields(cls)}
+    _unknown(where, {k: v for k, v in raw.items() if k not in known}, cls)
+    try:
+        return cls(**raw)
+    except TierConfigError as e:
+        raise e.relocated(where) from None
+
+
 def _disk(where: str, raw: dict[str, Any]) -> DiskTierConfig:
-    common = _common(where, raw)
-    path = _missing(where, raw, "path", '"path": "/var/cache/jax-kvoffload"')
-    if not isinstance(path, str) or not path:
-        raise TierConfigError(where, "path", path, "must be a directory path string")
-    cap = _size(where, "capacity_bytes", _missing(where, raw, "capacity_bytes", '"64GiB"'))
-    kw: dict[str, Any] = {"path": path, "capacity_bytes": cap}
-    for key in ("read_threads", "write_threads"):
-        if key in raw:
-            kw[key] = _int(where, key, raw[key], minimum=1)
-    if "max_pending_store_bytes" in raw:
-        kw["max_pending_store_bytes"] = _size(
-            where, "max_pending_store_bytes", raw["max_pending_store_bytes"]
-        )
-    if "direct_io" in raw:
-        d = raw["direct_io"]
-        d = {True: "on", False: "off"}.get(d, d) if isinstance(d, bool) else d
-        if d not in ("auto", "on", "off"):
-            raise TierConfigError(where, "direct_io", raw["direct_io"], '"auto", "on" or "off"')
-        kw["direct_io"] = d
-    if "fsync" in raw:
-        kw["fsync"] = _bool(where, "fsync", raw["fsync"])
-    if "rescan_timeout_s" in raw:
-        kw["rescan_timeout_s"] = _seconds(where, "rescan_timeout_s", raw["rescan_timeout_s"])
-    _unknown(where, {k: v for k, v in raw.items() if k not in kw}, DiskTierConfig)
-    return DiskTierConfig(**kw, **common)
+    required = {"path": '"path": "/var/cache/jax-kvoffload"', "capacity_bytes": '"64GiB"'}
+    return _build(where, DiskTierConfig, raw, required)
 
 
 def _redis(where: str, raw: dict[str, Any]) -> RedisTierConfig:
-    common = _common(where, raw)
-    url = _missing(where, raw, "url", '"redis://127.0.0.1:6379/0"')
-    _parse_redis_url(where, "url", url)
-    kw: dict[str, Any] = {"url": url}
-    for key in ("read_connections", "write_connections"):
-        if key in raw:
-            kw[key] = _int(where, key, raw[key], minimum=1)
-    for key in ("connect_timeout_s", "io_timeout_s", "retry_after_s"):
-        if key in raw:
-            kw[key] = _seconds(where, key, raw[key])
-    for key in ("max_pending_store_bytes", "batch_bytes"):
-        if key in raw:
-            kw[key] = _size(where, key, raw[key])
-    if raw.get("ttl_s") is not None:
-        kw["ttl_s"] = _int(where, "ttl_s", raw["ttl_s"], minimum=1)
-    elif "ttl_s" in raw:
-        kw["ttl_s"] = None
-    if "key_prefix" in raw:
-        p = raw["key_prefix"]
-        if not isinstance(p, str) or not p or any(c.isspace() for c in p):
-            raise TierConfigError(
-                where, "key_prefix", p, "must be a non-empty string without spaces"
-            )
-        kw["key_prefix"] = p
-    if "password_env" in raw:
-        kw["password_env"] = _opt_str(where, "password_env", raw["password_env"])
-    for key in ("tls_ca_file", "tls_cert_file", "tls_key_file", "tls_server_name"):
-        if key in raw:
-            kw[key] = _opt_str(where, key, raw[key])
-    if "tls_verify" in raw:
-        kw["tls_verify"] = _bool(where, "tls_verify", raw["tls_verify"])
-    _unknown(where, {k: v for k, v in raw.items() if k not in kw}, RedisTierConfig)
-    tls_keys = [k for k in kw if k.startswith("tls_")]
-    if tls_keys and not url.lower().startswith("rediss://"):
-        raise TierConfigError(
-            where, tls_keys[0], kw[tls_keys[0]], "applies to TLS only; use a rediss:// URL"
-        )
-    return RedisTierConfig(**kw, **common)
+    return _build(where, RedisTierConfig, raw, {"url": '"redis://127.0.0.1:6379/0"'})
 
 
 _PARSERS = {"disk": _disk, "redis": _redis}

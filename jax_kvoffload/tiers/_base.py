@@ -9,7 +9,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
+from jax_kvoffload.errors import KVOffloadTypeError
 from jax_kvoffload.tiers._errors import TierClosedError
+from jax_kvoffload.tiers._payload import check_keys
 
 __all__ = ["SecondaryTier", "TierJobResult", "TierStats"]
 
@@ -141,14 +143,16 @@ class SecondaryTier(ABC):
     def __init__(self, namespace: bytes) -> None:
         if not isinstance(namespace, bytes) or len(namespace) != 32:
             got = f"{len(namespace)} bytes" if isinstance(namespace, bytes) else type(namespace)
-            raise TypeError(
+            raise KVOffloadTypeError(
                 f"namespace must be the 32-byte digest of namespace_digest(config), got {got}"
             )
         self._namespace = namespace
         self._counters = Counters()
         self._lookup_pool: cf.ThreadPoolExecutor | None = None
         self._lookup_lock = threading.Lock()
-        self._closed = False
+        self._closed = False  # no new work
+        self._close_done = False  # threads joined, descriptors closed
+        self._close_lock = threading.RLock()
 
     @property
     def namespace(self) -> bytes:
@@ -175,30 +179,42 @@ class SecondaryTier(ABC):
 
     @abstractmethod
     def _close_io(self) -> None:
-        """Stops the I/O threads (running I/O finishes; queued jobs fail)."""
+        """Stops the I/O threads (running I/O finishes; queued jobs fail). Must be
+        idempotent: after an interrupt, `close()` calls it again."""
 
     def lookup_async(self, keys: Sequence[bytes]) -> cf.Future[list[bool]]:
         """`contains(keys)` on the tier's lookup thread; never blocks the caller."""
         self._check_open()
+        keys = self._check_lookup_keys(keys)
         with self._lookup_lock:
+            self._check_open()  # again: close() may have shut the pool down meanwhile
             if self._lookup_pool is None:
                 self._lookup_pool = cf.ThreadPoolExecutor(1, thread_name_prefix="tier-lookup")
-            return self._lookup_pool.submit(self.contains, list(keys))
+            return self._lookup_pool.submit(self.contains, keys)
+
+    def _check_lookup_keys(self, keys: Sequence[bytes]) -> list[bytes]:
+        """The keys a lookup takes, checked now (not on the lookup thread)."""
+        return check_keys(keys)
 
     def stats(self) -> TierStats:
         """Counters since the tier was opened, and its occupancy."""
         return self._counters.snapshot()
 
     def close(self) -> None:
-        """Stops the tier's threads; idempotent. Stored entries persist."""
-        if self._closed:
-            return
-        self._closed = True
-        with self._lookup_lock:
-            pool, self._lookup_pool = self._lookup_pool, None
-        if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
-        self._close_io()
+        """Stops the tier's threads; idempotent, and safe from several threads. Stored
+        entries persist. It waits for running I/O: interrupted there (Ctrl-C), new work
+        is already refused and the next `close()` finishes the job."""
+        with self._close_lock:
+            if self._close_done:
+                return
+            self._closed = True
+            with self._lookup_lock:
+                pool = self._lookup_pool
+            if pool is not None:  # forgotten only once shut down: an interrupt may come
+                pool.shutdown(wait=True, cancel_futures=True)
+                self._lookup_pool = None
+            self._close_io()  # idempotent: a second call completes an interrupted one
+            self._close_done = True
 
     def __enter__(self) -> SecondaryTier:
         return self

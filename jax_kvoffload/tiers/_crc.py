@@ -25,6 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from jax_kvoffload.errors import KVOffloadTypeError, KVOffloadValueError
+
 __all__ = ["CRC32C_BACKEND", "crc32c", "crc32c_numpy", "crc32c_reference"]
 
 logger = logging.getLogger(__name__)
@@ -194,7 +196,24 @@ def crc32c(data: Any, value: int = 0) -> int:
 
     `crc32c(b + c) == crc32c(c, crc32c(b))`; `crc32c(b"123456789") == 0xE3069283`.
     """
-    return _impl(data, value)
+    if type(value) is not int or not 0 <= value <= 0xFFFFFFFF:
+        _check_value(value)  # the backends would return a wrong CRC, silently
+    try:
+        return _impl(data, value)
+    except TypeError:
+        raise KVOffloadTypeError(
+            "crc32c(data) takes a contiguous buffer (bytes, memoryview, numpy array), got "
+            f"{type(data).__name__}"
+        ) from None
+    except (ValueError, BufferError) as e:  # e.g. a strided numpy view
+        raise KVOffloadValueError(f"crc32c(data): {e}; pass a contiguous copy") from None
+
+
+def _check_value(value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise KVOffloadTypeError(f"crc32c value must be an int (a CRC), got {value!r:.40}")
+    if not 0 <= value <= 0xFFFFFFFF:
+        raise KVOffloadValueError(f"crc32c value must be in [0, 2**32), got {value}")
 
 
 def warn_if_slow() -> None:

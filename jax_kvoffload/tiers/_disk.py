@@ -25,6 +25,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from jax_kvoffload.config import DiskTierConfig
+from jax_kvoffload.errors import KVOffloadTypeError
 from jax_kvoffload.tiers._base import Buffer, SecondaryTier, TierJobResult
 from jax_kvoffload.tiers._crc import crc32c, warn_if_slow
 from jax_kvoffload.tiers._disk_fs import (
@@ -38,7 +39,7 @@ from jax_kvoffload.tiers._disk_fs import (
 )
 from jax_kvoffload.tiers._disk_index import DiskIndex, scan_root
 from jax_kvoffload.tiers._entry import check_header, encode_header
-from jax_kvoffload.tiers._errors import DirectIOUnavailableError
+from jax_kvoffload.tiers._errors import DirectIOUnavailableError, TierStateError
 from jax_kvoffload.tiers._jobs import JobRunner
 from jax_kvoffload.tiers._payload import check_items, check_keys, log_once
 
@@ -73,13 +74,21 @@ class DiskTier(SecondaryTier):
     ) -> None:
         super().__init__(namespace)
         if not isinstance(config, DiskTierConfig):
-            raise TypeError(f"config must be a DiskTierConfig, got {type(config).__name__}")
+            raise KVOffloadTypeError(
+                f"config must be a DiskTierConfig, got {type(config).__name__}"
+            )
         self.config = config
         warn_if_slow()
         self._root_fd = open_private_root(config.path)
         self._ns_name = namespace[:8].hex()
         try:
             self._ns_fd, _ = open_private_dir(self._root_fd, self._ns_name, config.path)
+        except OSError as e:  # a full disk, a read-only filesystem
+            os.close(self._root_fd)
+            raise TierStateError(
+                f"cannot create the namespace directory {self._ns_name!r} in the tier "
+                f"directory {config.path!r}: {e.strerror or e}"
+            ) from None
         except BaseException:
             os.close(self._root_fd)
             raise
@@ -120,7 +129,7 @@ class DiskTier(SecondaryTier):
 
     def contains(self, keys: Sequence[bytes]) -> list[bool]:
         self._check_open()
-        check_keys(keys)
+        keys = check_keys(keys)
         out = []
         for key in keys:
             aa, bb, name = entry_name(self._namespace, key)
@@ -159,6 +168,7 @@ class DiskTier(SecondaryTier):
     def _close_io(self) -> None:
         self._scan_stop.set()  # close() does not wait for a long start-up scan
         self._runner.close()
+        self._scan_done.wait()  # not join() alone: see JobRunner.close
         self._scanner.join()
         self._close_fds()
 

@@ -18,7 +18,7 @@ import stat
 
 import numpy as np
 
-from jax_kvoffload.tiers._errors import UnsafeDirectoryError
+from jax_kvoffload.tiers._errors import TierStateError, UnsafeDirectoryError
 
 __all__ = [
     "ALIGN",
@@ -64,12 +64,22 @@ def _check_private(fd: int, path: str) -> None:
         )
 
 
+def _cannot(path: str, e: OSError) -> TierStateError:
+    return TierStateError(
+        f"cannot create or open the tier directory {path!r}: {e.strerror or e} "
+        f"({e.filename or path}); point path at a writable directory of your own"
+    )
+
+
 def open_private_root(path: str) -> int:
     """A directory descriptor of `path`, created 0700 if missing, checked private."""
     parent = os.path.dirname(os.path.abspath(path))
-    os.makedirs(parent, exist_ok=True)
-    with contextlib.suppress(FileExistsError):
-        os.mkdir(path, 0o700)
+    try:
+        os.makedirs(parent, exist_ok=True)
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(path, 0o700)
+    except OSError as e:
+        raise _cannot(path, e) from None
     try:
         fd = os.open(path, _DIR_FLAGS)
     except OSError as e:
@@ -80,7 +90,7 @@ def open_private_root(path: str) -> int:
                 f"tier directory {path!r} is {kind}; links are never followed: "
                 f"configure the real directory ({real!r}) instead"
             ) from None
-        raise
+        raise _cannot(path, e) from None
     try:
         _check_private(fd, path)
     except BaseException:

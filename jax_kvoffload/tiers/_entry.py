@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from jax_kvoffload.config import OffloadingConfig, canonical_format_id
+from jax_kvoffload.errors import KVOffloadTypeError, KVOffloadValueError
 from jax_kvoffload.tiers._crc import crc32c
 
 __all__ = [
@@ -151,10 +152,17 @@ def namespace_fields(
     physical layout name is always in: vLLM leaves it out for the direct layout, where
     NHD and HND caches would read each other's bytes.
     """
-    if codec not in CODECS:
-        raise ValueError(f"codec={codec!r} is not one of {CODECS}")
-    if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int) or rank < 0):
-        raise ValueError(f"rank must be None or an int >= 0, got {rank!r}")
+    if not isinstance(config, OffloadingConfig):
+        raise KVOffloadTypeError(
+            f"config must be jax_kvoffload's OffloadingConfig, got {type(config).__name__} "
+            "(vLLM's converts with jax_kvoffload.bridge.vllm.our_offloading_config)"
+        )
+    if not isinstance(codec, str) or codec not in CODECS:
+        raise KVOffloadValueError(f"codec={codec!r} is not one of {CODECS}")
+    if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int)):
+        raise KVOffloadTypeError(f"rank must be None or an int, got {rank!r}")
+    if rank is not None and rank < 0:
+        raise KVOffloadValueError(f"rank must be None or an int >= 0, got {rank}")
     portable = rank is None and (
         config.parallel.is_parallelism_agnostic or config.replicated_layout
     )

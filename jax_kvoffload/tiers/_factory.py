@@ -12,6 +12,7 @@ from jax_kvoffload.config import (
     TierConfigError,
     VllmTierConfig,
 )
+from jax_kvoffload.errors import KVOffloadTypeError
 from jax_kvoffload.tiers._base import SecondaryTier
 
 __all__ = ["open_tier"]
@@ -41,4 +42,7 @@ def open_tier(
             "is one of vLLM's own tiers: only vLLM's TieringOffloadingSpec builds it; "
             'use "disk" or "redis" here',
         )
-    raise TypeError(f"config must be a tier configuration, got {type(config).__name__}")
+    raise KVOffloadTypeError(
+        f"config must be a tier configuration (DiskTierConfig, RedisTierConfig), got "
+        f"{type(config).__name__}"
+    )

@@ -80,6 +80,11 @@ class JobRunner:
             for kind, n in (("load", read_threads), ("store", write_threads))
             for i in range(n)
         ]
+        # Set by each thread on its way out. close() waits on these, not on Thread.join:
+        # a join interrupted by Ctrl-C marks a running thread as stopped on CPython 3.11
+        # (it releases the thread's state lock), so a second join would return at once
+        # while the thread still runs its last task.
+        self._exited = {t.name: threading.Event() for t in self._threads}
         for t in self._threads:
             t.start()
 
@@ -137,7 +142,8 @@ class JobRunner:
         for job, (start, stop, _fn) in queued:
             self._finish_task(job, start, [False] * (stop - start), 0)
         for t in self._threads:
-            t.join()
+            self._exited[t.name].wait()  # running tasks finish (bounded I/O)
+            t.join()  # the thread is past its last line
 
     def _work(self, kind: str) -> None:
         state = None
@@ -154,14 +160,17 @@ class JobRunner:
                     oks, moved = fn(state)
                     if len(oks) != stop - start:  # a bug in the tier, not an I/O error
                         raise AssertionError(f"task returned {len(oks)} results for {stop - start}")
-                except Exception:
+                except BaseException:  # SystemExit too: the thread serves the next task
                     logger.exception("tier %s task failed; its %d keys failed", kind, stop - start)
                     self._counters.add(errors=1)
                     oks, moved = [False] * (stop - start), 0
                 self._finish_task(job, start, oks, moved)
         finally:
-            if state is not None:
-                self._close_state(state)
+            try:
+                if state is not None:
+                    self._close_state(state)
+            finally:
+                self._exited[threading.current_thread().name].set()
 
     def _finish_task(self, job: _Job, start: int, oks: list[bool], moved: int) -> None:
         with job.lock:

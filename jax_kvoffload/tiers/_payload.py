@@ -31,21 +31,30 @@ def reset_log_once(kind: str) -> None:
         _logged.discard(kind)
 
 
-def check_keys(keys: Sequence[bytes], name: str = "keys") -> None:
+def check_keys(keys: Sequence[bytes], name: str = "keys", *, min_bytes: int = 1) -> list[bytes]:
+    """`keys` as a list, after checking each (bytes of `min_bytes`..MAX_KEY_BYTES)."""
     if isinstance(keys, (bytes, bytearray, str)):
         raise TierKeyError(
             f"{name} must be a sequence of bytes keys, got one {type(keys).__name__}; "
             "wrap it in a list"
         )
+    try:
+        keys = list(keys)
+    except TypeError:
+        raise TierKeyError(
+            f"{name} must be a sequence of bytes keys, got {type(keys).__name__}"
+        ) from None
     for key in keys:
         if not isinstance(key, bytes):
             raise TierKeyError(
                 f"every key in {name} must be bytes (an offload key), got {type(key).__name__}"
             )
-        if not 0 < len(key) <= MAX_KEY_BYTES:
+        if not min_bytes <= len(key) <= MAX_KEY_BYTES:
             raise TierKeyError(
-                f"a key in {name} has {len(key)} bytes; keys are 1..{MAX_KEY_BYTES} bytes"
+                f"a key in {name} has {len(key)} bytes; keys are {min_bytes}..{MAX_KEY_BYTES} "
+                "bytes (an offload key: a block hash and a 4-byte group index)"
             )
+    return keys
 
 
 def byte_view(buf: Any, name: str, *, writable: bool = False) -> memoryview:
@@ -65,11 +74,17 @@ def byte_view(buf: Any, name: str, *, writable: bool = False) -> memoryview:
 
 
 def check_items(
-    items: Sequence[tuple[bytes, Any]], name: str, *, writable: bool = False
+    items: Sequence[tuple[bytes, Any]], name: str, *, writable: bool = False, min_bytes: int = 1
 ) -> list[tuple[bytes, memoryview]]:
     """`[(key, byte view)]` after checking every key and buffer; duplicate keys refused."""
     if isinstance(items, (bytes, bytearray, str)):
         raise TierKeyError(f"{name} must be a sequence of (key, buffer) pairs")
+    try:
+        items = list(items)
+    except TypeError:
+        raise TierKeyError(
+            f"{name} must be a sequence of (key, buffer) pairs, got {type(items).__name__}"
+        ) from None
     out = []
     for i, item in enumerate(items):
         if not isinstance(item, tuple) or len(item) != 2:
@@ -77,7 +92,7 @@ def check_items(
                 f"{name}[{i}] must be a (key, buffer) pair, got {type(item).__name__}"
             )
         key, buf = item
-        check_keys([key], f"{name}[{i}]")
+        check_keys([key], f"{name}[{i}]", min_bytes=min_bytes)
         out.append((key, byte_view(buf, f"{name}[{i}] buffer", writable=writable)))
     if len({k for k, _ in out}) != len(out):
         raise TierKeyError(f"{name} holds a key twice; each key at most once per job")

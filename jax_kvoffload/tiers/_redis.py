@@ -23,7 +23,8 @@ import threading
 import time
 from collections.abc import Sequence
 
-from jax_kvoffload.config import RedisTierConfig
+from jax_kvoffload.config import RedisTierConfig, TierConfigError
+from jax_kvoffload.errors import KVOffloadTypeError
 from jax_kvoffload.tiers._base import Buffer, SecondaryTier, TierJobResult
 from jax_kvoffload.tiers._crc import crc32c, warn_if_slow
 from jax_kvoffload.tiers._entry import check_header, encode_header, header_length
@@ -43,6 +44,9 @@ logger = logging.getLogger(__name__)
 
 _MAX_RETRY_S = 30.0
 _MAX_IDLE = 4  # connections kept for contains() calls from other threads
+# The server-side key spells the last 4 bytes (the group index) as a number and the rest
+# in hex: keys shorter than 4 bytes would collide (b"\x01" and b"\x00\x01").
+_MIN_KEY_BYTES = 4
 
 
 def redis_key(prefix: str, namespace: bytes, key: bytes) -> bytes:
@@ -65,9 +69,20 @@ def endpoint_from_config(config: RedisTierConfig) -> Endpoint:
             )
     tls = None
     if ep["scheme"] == "rediss":
-        tls = ssl.create_default_context(cafile=config.tls_ca_file)
-        if config.tls_cert_file:
-            tls.load_cert_chain(config.tls_cert_file, config.tls_key_file)
+        key, value = "tls_ca_file", config.tls_ca_file
+        try:
+            tls = ssl.create_default_context(cafile=config.tls_ca_file)
+            if config.tls_cert_file:
+                key, value = "tls_cert_file", config.tls_cert_file
+                tls.load_cert_chain(config.tls_cert_file, config.tls_key_file)
+        except (OSError, ssl.SSLError) as e:
+            raise TierConfigError(
+                type(config).__name__,
+                key,
+                value,
+                f"cannot be read as PEM ({e}); give a readable PEM file (tls_cert_file "
+                "with tls_key_file, or one file holding both)",
+            ) from None
         if not config.tls_verify:
             logger.warning("redis tier: tls_verify=false: the server's certificate is not checked")
             tls.check_hostname = False
@@ -86,6 +101,16 @@ def endpoint_from_config(config: RedisTierConfig) -> Endpoint:
     )
 
 
+def _in_sync(conn: RespConnection, batch, items):
+    """Runs `batch(conn, items)`; an unexpected exception (the job runner fails the task)
+    closes the connection, so the thread's next task never reads this one's replies."""
+    try:
+        return batch(conn, items)
+    except BaseException:
+        conn.close()
+        raise
+
+
 class RedisTier(SecondaryTier):
     """The Redis-protocol secondary tier (contract: `SecondaryTier`; options:
     `RedisTierConfig`). Opening it does not need the server to be up."""
@@ -95,7 +120,9 @@ class RedisTier(SecondaryTier):
     def __init__(self, config: RedisTierConfig, namespace: bytes) -> None:
         super().__init__(namespace)
         if not isinstance(config, RedisTierConfig):
-            raise TypeError(f"config must be a RedisTierConfig, got {type(config).__name__}")
+            raise KVOffloadTypeError(
+                f"config must be a RedisTierConfig, got {type(config).__name__}"
+            )
         self.config = config
         warn_if_slow()
         self._endpoint = endpoint_from_config(config)
@@ -114,6 +141,9 @@ class RedisTier(SecondaryTier):
             make_state=lambda kind: RespConnection(self._endpoint),
             close_state=lambda conn: conn.close(),
         )
+
+    def _check_lookup_keys(self, keys: Sequence[bytes]) -> list[bytes]:
+        return check_keys(keys, min_bytes=_MIN_KEY_BYTES)
 
     def key_of(self, key: bytes) -> bytes:
         """The server-side key of an offload key."""
@@ -173,7 +203,7 @@ class RedisTier(SecondaryTier):
 
     def contains(self, keys: Sequence[bytes]) -> list[bool]:
         self._check_open()
-        check_keys(keys)
+        keys = check_keys(keys, min_bytes=_MIN_KEY_BYTES)
         out = [False] * len(keys)
         if keys:
             with self._health:
@@ -183,18 +213,26 @@ class RedisTier(SecondaryTier):
             def attempt() -> list[bool]:
                 conn.begin()
                 conn.send([command(b"EXISTS", self.key_of(k)) for k in keys])
-                return [conn.read_reply() == 1 for _ in keys]
+                replies = [conn.read_reply() for _ in keys]
+                for r in replies:
+                    if not isinstance(r, (int, RespServerError)):
+                        raise conn.unexpected(r, "EXISTS")
+                return [r == 1 for r in replies]
 
+            in_sync = False
             try:
                 if self._ready(conn):
                     out = self._exchange(conn, reused, attempt)
                     self._mark_up()
+                in_sync = True
             except RespConnectionError as e:
                 self._mark_down(e)
                 out = [False] * len(keys)
             finally:
+                # Only a connection whose every reply was read goes back to the pool: one
+                # left mid-reply would answer the next caller with a stale reply.
                 with self._health:
-                    keep = conn.connected and len(self._idle) < _MAX_IDLE
+                    keep = in_sync and conn.connected and len(self._idle) < _MAX_IDLE
                     if keep:
                         self._idle.append(conn)
                 if not keep:
@@ -204,10 +242,10 @@ class RedisTier(SecondaryTier):
 
     def submit_store(self, items: Sequence[tuple[bytes, Buffer]]) -> cf.Future[TierJobResult]:
         self._check_open()
-        views = check_items(items, "items")
+        views = check_items(items, "items", min_bytes=_MIN_KEY_BYTES)
         self._counters.add(stores_submitted=1)
         tasks = [
-            (a, b, lambda conn, a=a, b=b: self._store_batch(conn, views[a:b]))
+            (a, b, lambda conn, a=a, b=b: _in_sync(conn, self._store_batch, views[a:b]))
             for a, b in self._batches([len(v) for _, v in views])
         ]
         nbytes = sum(len(v) for _, v in views)
@@ -217,10 +255,10 @@ class RedisTier(SecondaryTier):
 
     def submit_load(self, items: Sequence[tuple[bytes, Buffer]]) -> cf.Future[TierJobResult]:
         self._check_open()
-        views = check_items(items, "items", writable=True)
+        views = check_items(items, "items", writable=True, min_bytes=_MIN_KEY_BYTES)
         self._counters.add(loads_submitted=1)
         tasks = [
-            (a, b, lambda conn, a=a, b=b: self._load_batch(conn, views[a:b]))
+            (a, b, lambda conn, a=a, b=b: _in_sync(conn, self._load_batch, views[a:b]))
             for a, b in self._batches([len(v) for _, v in views])
         ]
         return self._runner.submit("load", [k for k, _ in views], tasks, 0)
@@ -284,7 +322,11 @@ class RedisTier(SecondaryTier):
         def attempt():
             conn.begin()
             conn.send(parts)
-            return [conn.read_reply() for _ in items]
+            replies = [conn.read_reply() for _ in items]
+            for r in replies:
+                if r != "OK" and not isinstance(r, RespServerError):
+                    raise conn.unexpected(r, "SET")
+            return replies
 
         try:
             replies = self._exchange(conn, reused, attempt)
@@ -357,7 +399,9 @@ class RedisTier(SecondaryTier):
                 )
         if bad:  # a concurrent rewrite may be lost: a future miss, never a wrong byte
             conn.send([command(b"DEL", *[self.key_of(k) for k in bad])])
-            conn.read_reply()
+            reply = conn.read_reply()
+            if not isinstance(reply, (int, RespServerError)):
+                raise conn.unexpected(reply, "DEL")
 
     def _read_value(
         self, conn: RespConnection, key: bytes, out: memoryview

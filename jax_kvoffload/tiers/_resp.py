@@ -28,6 +28,13 @@ _CRLF = b"\r\n"
 _IOV_MAX = 512  # below Linux's 1024 iovec limit per sendmsg
 _RECV_CHUNK = 1 << 16
 _SOCK_BUF = 4 << 20  # large socket buffers keep multi-MiB values streaming
+# Replies other than GET values (which `read_bulk_header` streams into their rows) are
+# small: +OK, integers, AUTH/SELECT answers. Anything larger or nested deeper is a server
+# out of its mind: the connection is dropped instead of allocating or recursing on its say.
+_MAX_SMALL_BULK = 1 << 20
+_MAX_ARRAY = 1024
+_MAX_DEPTH = 4
+_MAX_DIGITS = 20  # a RESP length or integer fits in 64 bits
 
 
 class RespConnectionError(ConnectionError):
@@ -133,6 +140,11 @@ class RespConnection:
             err.__cause__ = cause
         return err
 
+    def unexpected(self, reply: Any, command: str) -> RespConnectionError:
+        """Closes the connection after a reply of the wrong type for `command` (the server
+        and this client disagree about the stream: later replies cannot be trusted)."""
+        return self._fail(f"unexpected reply {reply!r:.40} to {command}")
+
     def begin(self, timeout: float | None = None) -> None:
         """Starts a batch: every socket wait until the next `begin` shares one deadline."""
         self._deadline = time.monotonic() + (timeout or self.endpoint.io_timeout_s)
@@ -224,37 +236,50 @@ class RespConnection:
             self._start += take
             n -= take
 
-    def read_reply(self) -> Any:
-        """One reply: str (+), int (:), bytes or None ($), list (*); `-` raises."""
+    def _number(self, text: bytes) -> int:
+        """A RESP integer; anything else means the stream is not RESP: drop it."""
+        digits = text[1:] if text[:1] == b"-" else text
+        if not digits or len(digits) > _MAX_DIGITS or not digits.isdigit():
+            raise self._fail(f"malformed number {text[:40]!r} in a reply")
+        return int(text)
+
+    def read_reply(self, _depth: int = 0) -> Any:
+        """One reply: str (+), int (:), bytes or None ($), list (*); an error reply (-)
+        is returned as a `RespServerError`. A reply that is not well-formed RESP (or
+        larger or deeper than any answer the tier asks for) closes the connection."""
         line = self._line()
         if not line:
             raise self._fail("empty reply line")
         kind, rest = line[:1], line[1:]
         if kind == b"+":
-            return rest.decode()
+            return rest.decode(errors="replace")
         if kind == b"-":
             return RespServerError(rest.decode(errors="replace"))
         if kind == b":":
-            return int(rest)
+            return self._number(rest)
         if kind == b"$":
-            n = int(rest)
+            n = self._number(rest)
             if n < 0:
                 return None
+            if n > _MAX_SMALL_BULK:
+                raise self._fail(f"a reply of {n} bytes where a short answer belongs")
             data = bytearray(n + 2)
             self.read_into(memoryview(data))
             if data[n:] != _CRLF:
                 raise self._fail("bulk reply without CRLF")
             return bytes(data[:n])
         if kind == b"*":
-            n = int(rest)
-            return None if n < 0 else [self.read_reply() for _ in range(n)]
+            n = self._number(rest)
+            if n > _MAX_ARRAY or _depth >= _MAX_DEPTH:
+                raise self._fail(f"an array reply of {n} items at depth {_depth + 1}")
+            return None if n < 0 else [self.read_reply(_depth + 1) for _ in range(n)]
         raise self._fail(f"unexpected reply {line[:40]!r}")
 
     def read_bulk_header(self) -> int | RespServerError:
         """Reads a bulk reply's length line: the length, -1 for nil, or the error."""
         line = self._line()
         if line[:1] == b"$":
-            return int(line[1:])
+            return self._number(line[1:])
         if line[:1] == b"-":
             return RespServerError(line[1:].decode(errors="replace"))
         raise self._fail(f"expected a bulk reply, got {line[:40]!r}")

@@ -116,8 +116,20 @@ class HostChunkPool:
         `chunk_ids[0]`: block k is slot (first + k) % bpc of chunk
         chunk_ids[(first + k) // bpc] (also its canonical page id)."""
         bpc = self.blocks_per_chunk
+        ids = check_indices("chunk_ids", chunk_ids)
+        first, n = check_index("first", first), check_index("n", n)
+        # Checked here because numpy would read a negative index from the end: a write
+        # would land silently in another chunk's row.
+        if first < 0 or n < 0 or first + n > ids.size * bpc:
+            raise HostPoolError(
+                f"{n} blocks from slot {first} do not fit the {ids.size} chunk(s) given "
+                f"({bpc} slots each); need 0 <= first and first + n <= {ids.size * bpc}"
+            )
         k = np.arange(first, first + n)
-        chunks = np.asarray(chunk_ids, dtype=np.int64)[k // bpc]
+        chunks = ids[k // bpc]
+        if chunks.size and (chunks.min() < 0 or chunks.max() >= self.num_chunks):
+            bad = chunks[(chunks < 0) | (chunks >= self.num_chunks)]
+            raise HostPoolError(f"chunk ids {bad[:8].tolist()} are outside [0, {self.num_chunks})")
         return chunks * bpc + k % bpc
 
     def flat(self, group: int) -> np.ndarray:

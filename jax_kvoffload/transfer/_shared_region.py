@@ -261,6 +261,12 @@ def _check_arguments(
     if not isinstance(name, str) or not name:
         raise SharedRegionArgumentError(f"name must be a non-empty string; got {name!r}")
     try:
+        name.encode()  # the socket names hash its UTF-8 bytes
+    except UnicodeEncodeError:
+        raise SharedRegionArgumentError(
+            f"name must be encodable as UTF-8 (no lone surrogates); got {name!r:.80}"
+        ) from None
+    try:
         values = [operator.index(v) for v in (nbytes, expected)]
         rank = None if rank is None else operator.index(rank)
     except TypeError:
