@@ -35,6 +35,7 @@ from jax_kvoffload.config._tier_values import (
     check_seconds,
     check_size,
     parse_redis_url,
+    redacted,
 )
 
 __all__ = [
@@ -219,6 +220,16 @@ class RedisTierConfig(_TierOptions):
             raise TierConfigError(
                 w, key, getattr(self, key), "applies to TLS only; use a rediss:// URL"
             )
+
+    def __repr__(self) -> str:
+        # A password written in the URL must not reach logs, tracebacks or `config explain`.
+        shown = ", ".join(
+            f"{f.name}={redacted(self.url) if f.name == 'url' else getattr(self, f.name)!r}"
+            for f in fields(self)
+        )
+        return f"{type(self).__name__}({shown})"
+
+    __str__ = __repr__
 
     @property
     def endpoint(self) -> dict[str, Any]:

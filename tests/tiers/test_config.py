@@ -152,3 +152,11 @@ def test_vllms_own_tiers_cannot_be_opened_here():
     (fs,) = parse_secondary_tiers([{"type": "fs", "root_dir": "/x"}])
     with pytest.raises(TierConfigError, match="only vLLM"):
         open_tier(fs, bytes(32))
+
+
+def test_a_password_in_the_url_never_shows_in_repr_or_str():
+    cfg = RedisTierConfig(url="redis://app:s3cret-pw@cache.internal:6380/2")
+    for text in (repr(cfg), str(cfg), f"{cfg}", repr([cfg])):
+        assert "s3cret-pw" not in text
+        assert "redis://app:***@cache.internal:6380/2" in text
+    assert cfg.endpoint["password"] == "s3cret-pw"  # still usable by the tier
