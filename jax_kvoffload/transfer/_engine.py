@@ -30,7 +30,7 @@ import numpy as np
 
 import pallas_kernels as pk
 from jax_kvoffload.errors import KVOffloadTypeError
-from jax_kvoffload.transfer._buckets import bucket_sizes
+from jax_kvoffload.transfer._buckets import bucket_sizes, store_pieces
 from jax_kvoffload.transfer._caches import (
     GroupCaches,
     check_arrays,
@@ -46,6 +46,7 @@ from jax_kvoffload.transfer._jobs import (
     TransferStateError,
     check_index,
 )
+from jax_kvoffload.transfer._pool_base import HostPool
 from jax_kvoffload.transfer._sharded_io import distinct_shards, fetch_sharded
 from jax_kvoffload.transfer._staging import HostBuffers, bucket_for, host_sharding, replicated
 
@@ -112,7 +113,7 @@ class TransferEngine:
     def __init__(
         self,
         caches: Mapping[int, GroupCaches],
-        pool: Any,
+        pool: HostPool,
         *,
         backend: str = "auto",
         interpret: Any = False,
@@ -348,8 +349,7 @@ class TransferEngine:
         staged = []  # (group, transfer, first slot, host array)
         for t in transfers:
             gc = self._caches[t.group]
-            start = 0
-            for n in bucket_sizes(len(t.block_ids), self._bucket[t.group]):
+            for start, n in self._store_pieces(t):
                 ids = t.block_ids[start : start + n].astype(np.int32)
                 staging = pk.gather_blocks(gc.arrays, ids, layout=gc.layout, **self._kernel_kw)
                 # On CPU the device array already is host memory: numpy reads it in
@@ -357,8 +357,11 @@ class TransferEngine:
                 sharding = None if self._on_cpu[t.group] else host_sharding(staging)
                 host = staging if sharding is None else jax.device_put(staging, sharding)
                 staged.append((t.group, t, t.first_slot + start, host))
-                start += n
         return staged
+
+    def _store_pieces(self, t: CheckedTransfer) -> list[tuple[int, int]]:
+        per_chunk = self._pool.blocks_per_chunk if self._pool.adopts_rows else None
+        return store_pieces(len(t.block_ids), self._bucket[t.group], t.first_slot, per_chunk)
 
     def _register(
         self,
@@ -410,7 +413,7 @@ class TransferEngine:
 
     def _write(self, staged: list[tuple[int, CheckedTransfer, int, Any]]) -> None:
         for group, t, first, host in staged:
-            shards = distinct_shards(host) if hasattr(self._pool, "move_shards") else None
+            shards = distinct_shards(host) if self._pool.moves_shards else None
             if shards is not None:
                 self._pool.move_shards(
                     group, t.chunk_ids, first, host.shape, host.dtype, shards, store=True
@@ -429,7 +432,7 @@ class TransferEngine:
         # Sharded caches take their staging sharded like their page axes: each device
         # receives only its shard, read from the rows straight into its own buffer.
         sharding = pk.staging_sharding(gc.arrays, gc.layout)
-        if sharding is not None and hasattr(self._pool, "move_shards"):
+        if sharding is not None and self._pool.moves_shards:
 
             def read(shards):
                 self._pool.move_shards(group, t.chunk_ids, first, shape, dtype, shards, store=False)
@@ -506,10 +509,8 @@ def _describe(error: BaseException | str | None) -> str | None:
 
 
 def _check_pool(pool: object) -> None:
-    bpb = getattr(pool, "bytes_per_block", None)
-    bpc = getattr(pool, "blocks_per_chunk", None)
-    if not isinstance(bpb, Mapping) or not isinstance(bpc, int) or bpc < 1:
+    if not isinstance(pool, HostPool):
         raise KVOffloadTypeError(
-            f"pool must be a HostChunkPool (or a view with the same interface), got "
-            f"{type(pool).__name__}"
+            f"pool must be a HostPool (HostChunkPool, PinnedRowPool, CanonicalPoolView, "
+            f"...), got {type(pool).__name__}"
         )
