@@ -22,6 +22,8 @@ from jax_kvoffload.transfer._jobs import GroupTransfer as GroupTransfer
 from jax_kvoffload.transfer._jobs import TransferError as TransferError
 from jax_kvoffload.transfer._jobs import TransferResult as TransferResult
 from jax_kvoffload.transfer._jobs import TransferStateError as TransferStateError
+from jax_kvoffload.transfer._medium import Medium as Medium
+from jax_kvoffload.transfer._medium import TransferPath as TransferPath
 from jax_kvoffload.transfer._pinned_pool import PinnedRowPool as PinnedRowPool
 from jax_kvoffload.transfer._pool_base import HostPool as HostPool
 from jax_kvoffload.transfer._pool_base import HostPoolError as HostPoolError
@@ -37,11 +39,13 @@ __all__ = [
     "HostChunkPool",
     "HostPool",
     "HostPoolError",
+    "Medium",
     "PinnedRowPool",
     "SharedHostRegion",
     "SharedRegionError",
     "TransferEngine",
     "TransferError",
+    "TransferPath",
     "TransferResult",
     "TransferStateError",
     "bucket_sizes",

@@ -197,8 +197,19 @@ class TransferEngine:
                 return
             self._register(job_id, Direction.STORE, lambda: self._write(staged), size, chunks)
 
-    def submit_load(self, job_id: int, transfers: Sequence[GroupTransfer]) -> None:
-        """Starts copying chunk rows back into the blocks; caches change on completion."""
+    def submit_load(
+        self,
+        job_id: int,
+        transfers: Sequence[GroupTransfer],
+        *,
+        after: Sequence[Future] = (),
+        check: Callable[[], None] | None = None,
+    ) -> None:
+        """Starts copying chunk rows back into the blocks; caches change on completion.
+
+        `after`: futures (e.g. promotions filling the rows) the job waits for before it
+        reads the rows; then `check()`, if given, runs on the worker and fails the job
+        by raising (e.g. a promotion that missed a key the job needs)."""
         with self._guard:
             checked = self._check(job_id, transfers, unique=True)
             plan = []  # (group, ids, transfer, first slot, staging shape)
@@ -225,7 +236,14 @@ class TransferEngine:
                         buffers = []
                     pieces.append((group, ids, staged, buffers))
 
-            self._register(job_id, Direction.LOAD, fetch, size, chunks, pieces)
+            work = fetch
+            if check is not None:
+
+                def work() -> None:
+                    check()
+                    fetch()
+
+            self._register(job_id, Direction.LOAD, work, size, chunks, pieces, after)
 
     def get_finished(self) -> list[TransferResult]:
         """Results of the jobs that ended since the last call; never blocks."""
@@ -371,6 +389,7 @@ class TransferEngine:
         size: int,
         chunks: frozenset[int],
         pieces: list | None = None,
+        waits: Sequence[Future] = (),
     ) -> None:
         """Queues a job's worker part; the job is registered iff this returns."""
         after = [
@@ -378,6 +397,7 @@ class TransferEngine:
             for j in self._pending.values()
             if j.direction is not direction and not chunks.isdisjoint(j.chunks)
         ]
+        after += waits
         future: Future = Future()
         job = _Job(
             job_id,

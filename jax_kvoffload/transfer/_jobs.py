@@ -14,11 +14,19 @@ from jax_kvoffload.errors import (
     KVOffloadTypeError,
     KVOffloadValueError,
 )
+from jax_kvoffload.transfer._medium import Medium, TransferPath
 
 
 class Direction(enum.Enum):
     STORE = "store"  # device -> host
     LOAD = "load"  # host -> device
+
+    @property
+    def path(self) -> TransferPath:
+        """The media this direction moves bytes between."""
+        if self is Direction.STORE:
+            return TransferPath(Medium.DEVICE, Medium.HOST)
+        return TransferPath(Medium.HOST, Medium.DEVICE)
 
 
 @dataclass(frozen=True)
@@ -46,6 +54,11 @@ class TransferResult:
     size_bytes: int
     seconds: float
     error: str | None = None
+
+    @property
+    def path(self) -> TransferPath:
+        """device -> host (a store) or host -> device (a load)."""
+        return self.direction.path
 
 
 class TransferError(KVOffloadValueError):
