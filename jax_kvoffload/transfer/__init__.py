@@ -27,12 +27,14 @@ from jax_kvoffload.transfer._medium import TransferPath as TransferPath
 from jax_kvoffload.transfer._pinned_pool import PinnedRowPool as PinnedRowPool
 from jax_kvoffload.transfer._pool_base import HostPool as HostPool
 from jax_kvoffload.transfer._pool_base import HostPoolError as HostPoolError
+from jax_kvoffload.transfer._row_pool import ChunkRowPool as ChunkRowPool
 from jax_kvoffload.transfer._shared_region import SharedHostRegion as SharedHostRegion
 from jax_kvoffload.transfer._shared_region import SharedRegionError as SharedRegionError
 
 __all__ = [
     "CanonicalGroupPlan",
     "CanonicalPoolView",
+    "ChunkRowPool",
     "Direction",
     "GroupCaches",
     "GroupTransfer",

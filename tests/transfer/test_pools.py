@@ -11,6 +11,7 @@ import pallas_kernels as pk
 from jax_kvoffload.errors import KVOffloadTypeError
 from jax_kvoffload.transfer import (
     CanonicalPoolView,
+    ChunkRowPool,
     GroupCaches,
     GroupTransfer,
     HostChunkPool,
@@ -122,3 +123,26 @@ def test_rows_for_tiers_are_the_rows():
             pool.chunk_row(0, 3)
         with pytest.raises(HostPoolError, match="no host rows"):
             pool.chunk_row(2, 0)
+
+
+def test_chunk_rows_hold_each_process_area_and_nothing_else():
+    """Two workers' windows on one region of rows (vLLM's layout): each writes only its
+    own area; a row is every worker's bytes, the padding untouched."""
+    row = 64
+    region = np.full(3 * row, 0xEE, np.uint8)
+    widths = {0: 6, 1: 4}  # two tensors, two blocks per chunk: 20 bytes per area
+    w0 = ChunkRowPool(region, 3, widths, 2, row_stride=row, area_offset=0)
+    w1 = ChunkRowPool(region, 3, widths, 2, row_stride=row, area_offset=20)
+    w0.write_blocks(1, [2], 0, np.full((2, 4), 1, np.uint8))
+    w1.write_blocks(0, [0, 2], 1, np.full((2, 6), 2, np.uint8))  # chunk 0 slot 1, chunk 2 slot 0
+    want = np.full(3 * row, 0xEE, np.uint8)
+    want[2 * row + 12 : 2 * row + 20] = 1  # w0's tensor 1 rows of chunk 2
+    want[0 * row + 20 + 6 : 0 * row + 20 + 12] = 2  # w1's tensor 0, chunk 0, slot 1
+    want[2 * row + 20 : 2 * row + 26] = 2  # w1's tensor 0, chunk 2, slot 0
+    np.testing.assert_array_equal(region, want)
+    out = np.zeros((2, 6), np.uint8)
+    np.testing.assert_array_equal(w1.read_blocks(0, [0, 2], 1, 2, out), 2)
+    assert np.shares_memory(w0.chunk_row(1, 2), region)
+    np.testing.assert_array_equal(w0.chunk_row(1, 2), 1)
+    with pytest.raises(HostPoolError, match="do not fit a row"):
+        ChunkRowPool(region, 3, widths, 2, row_stride=row, area_offset=50)
