@@ -450,7 +450,7 @@ class KVOffloader(JobBook):
         if tiers is None:
             return list(self._store.prepare_load(keys)), keys, []
         tiers.process()
-        state = [self._store.lookup(k) for k in keys]
+        state = [tiers.host_state(k) for k in keys]
         ready = [k for k, st in zip(keys, state, strict=True) if st is not LookupResult.MISS
                  and tiers.promotion_of(k) is None]  # fmt: skip
         missing = [k for k, st in zip(keys, state, strict=True) if st is LookupResult.MISS]

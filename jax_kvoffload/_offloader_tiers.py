@@ -153,6 +153,14 @@ class TierPath:
         """The promotion in flight for `key`, if any."""
         return self._pending.get(key)
 
+    def host_state(self, key: bytes) -> LookupResult:
+        """The host's answer for `key`, without counting a lookup in the store's stats
+        (the offloader's own checks are not the engine's lookups)."""
+        chunk = self._store.policy.get(key)
+        if chunk is None:
+            return LookupResult.MISS
+        return LookupResult.HIT if chunk.ref_cnt >= 0 else LookupResult.HIT_PENDING
+
     def promotions_held(self) -> bool:
         """Whether promotions wait for transfer jobs older than the last reset."""
         if self._held_until is not None and not self._held_until():
@@ -222,7 +230,7 @@ class TierPath:
         self.wait(list(jobs.values()))
         for i in need:
             if not host[i]:
-                host[i] = store.lookup(keys[i]) is LookupResult.HIT
+                host[i] = self.host_state(keys[i]) is LookupResult.HIT
         return prefix_chunks(host, window)
 
     # -- cascades -------------------------------------------------------------------------

@@ -22,7 +22,6 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
-from dataclasses import dataclass, field
 from typing import Any
 
 import jax
@@ -36,15 +35,24 @@ from jax_kvoffload.transfer._caches import (
     check_arrays,
     check_group_caches,
 )
-from jax_kvoffload.transfer._checks import CheckedTransfer, check_job_ids, check_transfer
+from jax_kvoffload.transfer._checks import (
+    CheckedTransfer,
+    check_job_ids,
+    check_pool,
+    check_transfer,
+    describe_error,
+)
 from jax_kvoffload.transfer._interrupts import SingleCaller, deferred_interrupts
 from jax_kvoffload.transfer._jobs import (
+    DISCARDED,
     Direction,
+    EngineJob,
     GroupTransfer,
     TransferError,
     TransferResult,
     TransferStateError,
     check_index,
+    run_job,
 )
 from jax_kvoffload.transfer._pool_base import HostPool
 from jax_kvoffload.transfer._sharded_io import distinct_shards, fetch_sharded
@@ -53,38 +61,6 @@ from jax_kvoffload.transfer._staging import HostBuffers, bucket_for, host_shardi
 __all__ = ["GroupCaches", "TransferEngine"]
 
 logger = logging.getLogger(__name__)
-
-DISCARDED = "discarded by the caller before it completed"
-
-
-@dataclass
-class _Job:
-    job_id: int
-    direction: Direction
-    future: Future
-    started: float
-    size_bytes: int
-    chunks: frozenset[int]
-    # Loads: (group, block ids, device staging, host buffers to give back), filled by
-    # the worker, scattered in order on the caller's thread; `applied` survives an
-    # interrupt between two pieces, so the next completion resumes where it stopped.
-    pieces: list[tuple[int, np.ndarray, Any, list[np.ndarray]]] = field(default_factory=list)
-    applied: int = 0
-    discarded: bool = False
-
-
-def _run(future: Future, after: list[Future], work: Callable[[], None]) -> None:
-    """A job's worker part: waits for the earlier jobs that share its rows, then works."""
-    if not future.set_running_or_notify_cancel():
-        return  # cancelled before it started (its submit was interrupted)
-    try:
-        if after:
-            wait_futures(after)
-        work()
-    except BaseException as exc:  # every failure, even SystemExit, ends as a failed job
-        future.set_exception(exc)
-    else:
-        future.set_result(None)
 
 
 class TransferEngine:
@@ -130,7 +106,7 @@ class TransferEngine:
             raise TransferError(str(e)) from None
         if max_staging_bytes < 1:
             raise TransferError(f"max_staging_bytes={max_staging_bytes} must be >= 1")
-        _check_pool(pool)
+        check_pool(pool)
         if not isinstance(backend, str) or backend not in pk.BACKENDS:
             raise TransferError(f"backend must be one of {pk.BACKENDS}, got {backend!r}")
         for g, gc in self._caches.items():
@@ -155,7 +131,7 @@ class TransferEngine:
         self._threads = {
             d: ThreadPoolExecutor(1, thread_name_prefix=f"kv-{d.value}") for d in Direction
         }
-        self._pending: dict[Any, _Job] = {}  # in flight, by submission
+        self._pending: dict[Any, EngineJob] = {}  # in flight, by submission
         self._done: dict[int, TransferResult] = {}  # ended, not yet collected
         self._closing = False
         self._closed = False
@@ -213,16 +189,13 @@ class TransferEngine:
         with self._guard:
             checked = self._check(job_id, transfers, unique=True)
             plan = []  # (group, ids, transfer, first slot, staging shape)
-            size = 0
             for t in checked:
                 gc = self._caches[t.group]
                 shape = (len(gc.arrays), *gc.layout.page_shape(tuple(gc.arrays[0].shape)))
-                start = 0
-                for n in bucket_sizes(len(t.block_ids), self._bucket[t.group]):
+                for start, n in store_pieces(len(t.block_ids), self._bucket[t.group]):
                     ids = t.block_ids[start : start + n].astype(np.int32)
                     plan.append((t.group, ids, t, t.first_slot + start, (n, *shape)))
-                    start += n
-                size += len(t.block_ids) * gc.block_bytes
+            size = sum(len(t.block_ids) * self._caches[t.group].block_bytes for t in checked)
             chunks = frozenset(c for t in checked for c in t.chunk_ids)
             pieces: list[tuple[int, np.ndarray, Any, list[np.ndarray]]] = []
 
@@ -399,7 +372,7 @@ class TransferEngine:
         ]
         after += waits
         future: Future = Future()
-        job = _Job(
+        job = EngineJob(
             job_id,
             direction,
             future,
@@ -411,7 +384,7 @@ class TransferEngine:
         with deferred_interrupts():
             self._pending[job_id] = job
             try:
-                self._threads[direction].submit(_run, future, after, work)
+                self._threads[direction].submit(run_job, future, after, work)
             except BaseException as exc:
                 if not future.cancel():
                     raise  # it runs already: it stays in flight and is reported (`knows`)
@@ -425,7 +398,7 @@ class TransferEngine:
     def _register_failed(self, job_id: int, direction: Direction, error: Exception, size: int):
         future: Future = Future()
         future.set_exception(error)
-        self._pending[job_id] = _Job(
+        self._pending[job_id] = EngineJob(
             job_id, direction, future, time.perf_counter(), size, frozenset()
         )
 
@@ -468,7 +441,7 @@ class TransferEngine:
 
     # -- internals: completing (caller's thread) --------------------------------------
 
-    def _complete(self, job: _Job) -> None:
+    def _complete(self, job: EngineJob) -> None:
         """Ends a job whose worker part is done: scatters a load, records the result.
 
         An interrupt inside a scatter leaves the job in flight with its progress kept;
@@ -493,13 +466,13 @@ class TransferEngine:
             success=error is None,
             size_bytes=job.size_bytes,
             seconds=time.perf_counter() - job.started,
-            error=_describe(error),
+            error=describe_error(error),
         )
         with deferred_interrupts():
             del self._pending[job.job_id]
             self._done[job.job_id] = result
 
-    def _scatter(self, job: _Job) -> Exception | None:
+    def _scatter(self, job: EngineJob) -> Exception | None:
         try:
             while job.applied < len(job.pieces):
                 group, ids, staging, buffers = job.pieces[job.applied]
@@ -520,17 +493,3 @@ class TransferEngine:
         except Exception as exc:  # reported as a failed job, never dropped
             return exc
         return None
-
-
-def _describe(error: BaseException | str | None) -> str | None:
-    if error is None or isinstance(error, str):
-        return error
-    return f"{type(error).__name__}: {error}"
-
-
-def _check_pool(pool: object) -> None:
-    if not isinstance(pool, HostPool):
-        raise KVOffloadTypeError(
-            f"pool must be a HostPool (HostChunkPool, PinnedRowPool, CanonicalPoolView, "
-            f"...), got {type(pool).__name__}"
-        )
