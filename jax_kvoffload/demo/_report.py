@@ -149,7 +149,8 @@ def format_two_process(s: dict) -> str:
         ))  # fmt: skip
     widths = [max(len(str(x[i])) for x in (head, *rows)) for i in range(len(head))]
     for row in (head, *rows):
-        lines.append("  " + "  ".join(f"{v!s:<{w}}" for v, w in zip(row, widths, strict=True)))
+        cells = (f"{v!s:<{w}}" for v, w in zip(row, widths, strict=True))
+        lines.append(("  " + "  ".join(cells)).rstrip())
     lines += [
         "",
         "  ratio = recompute / serve: how much faster the tier served the prefix than "
