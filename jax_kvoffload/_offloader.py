@@ -416,9 +416,10 @@ class KVOffloader(JobBook):
 
     def _start_load(self, g: int, keys: list[bytes], ids: list[list[int]]) -> int:
         job = None
+        where = self._locate_missing(keys)  # tier I/O: outside the deferred block
         try:
             with deferred_interrupts():
-                chunk_ids, pinned, waits = self._prepare_load(g, keys)
+                chunk_ids, pinned, waits = self._prepare_load(g, keys, where)
                 job = self._record(Direction.LOAD, g, pinned)
                 self._jobs[job].waits = waits
                 for tier_job, tier_keys in waits:
@@ -440,21 +441,34 @@ class KVOffloader(JobBook):
             raise
         return job
 
-    def _prepare_load(self, g: int, keys: list[bytes]) -> tuple[list[int], list[bytes], list]:
+    def _locate_missing(self, keys: list[bytes]) -> dict[bytes, int]:
+        """The tier holding each key the host lacks (bounded tier calls; none while
+        promotions are held after a reset)."""
+        tiers = self._tiers
+        if tiers is None:
+            return {}
+        tiers.process()
+        missing = [k for k in keys if tiers.host_state(k) is LookupResult.MISS]
+        if not missing or tiers.promotions_held():
+            return {}
+        return {k: t for k, t in zip(missing, tiers.locate(missing), strict=True) if t is not None}
+
+    def _prepare_load(
+        self, g: int, keys: list[bytes], located: dict[bytes, int]
+    ) -> tuple[list[int], list[bytes], list]:
         """Chunk ids of `keys`, the keys pinned now, and the promotions to wait for.
 
         Keys in the host are pinned; keys a promotion is filling are waited for; keys
-        only a tier holds are promoted now. A key found nowhere raises the store's error
-        before anything changes (as a load of a key not stored always has)."""
+        only a tier holds (`located`) are promoted now. A key found nowhere raises the
+        store's error before anything changes (as a load of a key not stored always has)."""
         tiers = self._tiers
         if tiers is None:
             return list(self._store.prepare_load(keys)), keys, []
-        tiers.process()
         state = [tiers.host_state(k) for k in keys]
         ready = [k for k, st in zip(keys, state, strict=True) if st is not LookupResult.MISS
                  and tiers.promotion_of(k) is None]  # fmt: skip
         missing = [k for k, st in zip(keys, state, strict=True) if st is LookupResult.MISS]
-        where = [None] * len(missing) if tiers.promotions_held() else tiers.locate(missing)
+        where = [located.get(k) for k in missing]
         nowhere = [k for k, t in zip(missing, where, strict=True) if t is None]
         if nowhere:
             self._store.prepare_load([*ready, *nowhere])  # raises: not stored

@@ -98,6 +98,7 @@ class _TierJob:
     # waiting for keys; each gets its keys pinned for it when the promotion is recorded.
     chunks: dict[bytes, int] = field(default_factory=dict)
     holders: dict[int, list[bytes]] = field(default_factory=dict)
+    steps: set[str] = field(default_factory=set)  # store calls of `_finish` already made
 
 
 class TierPath:
@@ -124,6 +125,7 @@ class TierPath:
         self._jobs: list[_TierJob] = []
         self._pending: dict[bytes, _TierJob] = {}  # key -> its promotion in flight
         self._held_until: Callable[[], bool] | None = None
+        self._orphans: list[tuple[int, str, list[bytes]]] = []  # (generation, kind, keys)
         self._counts = [
             {f.name: 0 for f in fields(TierPathStats) if f.default == 0} for _ in self.tiers
         ]
@@ -245,9 +247,12 @@ class TierPath:
                     rows = [self._pool.chunk_row(group, c) for c in chunks]
                     items = list(zip(keys, rows, strict=True))
                     future = tier.submit_store(items)
-                except Exception:
-                    store.complete_load(keys)
+                except BaseException as exc:
                     self._counts[t]["cascade_failed"] += len(keys)
+                    self._orphans.append((store.cache_generation, "unpin", keys))
+                    self._settle_orphans()  # no job: no pins either
+                    if not isinstance(exc, Exception):
+                        raise
                     logger.exception("secondary tier %d: cascade of %d keys failed", t, len(keys))
                     continue
                 self._jobs.append(
@@ -275,27 +280,41 @@ class TierPath:
                     self._counts[t]["promotion_no_room"] += sum(1 for x in tier_of if x == t)
                 return []
             chunk_of = dict(zip(out.keys_to_store, out.chunk_ids, strict=True))
-            started = []
-            for t in sorted(set(tier_of)):
-                mine = [k for k, x in zip(keys, tier_of, strict=True) if x == t and k in chunk_of]
-                if not mine:
-                    continue
-                try:
-                    items = [(k, self._pool.chunk_row_for_write(group, chunk_of[k])) for k in mine]
-                    future = self.tiers[t].submit_load(items)
-                except Exception:
-                    store.complete_store(mine, success=False)
-                    self._counts[t]["promotion_failed"] += len(mine)
-                    logger.exception("secondary tier %d: promotion of %d keys failed", t, len(mine))
-                    continue
-                job = _TierJob(t, group, mine, store.cache_generation, future, promotion=True)
-                job.chunks = {k: chunk_of[k] for k in mine}
-                self._jobs.append(job)
-                self._counts[t]["promotion_jobs"] += 1
-                for k in mine:
-                    self._pending[k] = job
-                started += mine
+            unsent = dict.fromkeys(out.keys_to_store)  # allocated, not yet with a tier
+            started: list[bytes] = []
+            try:
+                for t in sorted(set(tier_of)):
+                    mine = [k for k, x in zip(keys, tier_of, strict=True) if x == t and k in unsent]
+                    if mine:
+                        started += self._submit_promotion(t, group, mine, chunk_of)
+                        for k in mine:
+                            del unsent[k]
+            finally:
+                if unsent:  # an interrupt: free what no tier will fill
+                    self._orphans.append((store.cache_generation, "free", list(unsent)))
+                    self._settle_orphans()
             return started
+
+    def _submit_promotion(
+        self, t: int, group: int, keys: list[bytes], chunk_of: dict[bytes, int]
+    ) -> list[bytes]:
+        """Hands `keys` (write-pending chunks) to tier `t`; on failure frees them."""
+        store = self._store
+        try:
+            items = [(k, self._pool.chunk_row_for_write(group, chunk_of[k])) for k in keys]
+            future = self.tiers[t].submit_load(items)
+        except Exception:
+            store.complete_store(keys, success=False)
+            self._counts[t]["promotion_failed"] += len(keys)
+            logger.exception("secondary tier %d: promotion of %d keys failed", t, len(keys))
+            return []
+        job = _TierJob(t, group, keys, store.cache_generation, future, promotion=True)
+        job.chunks = {k: chunk_of[k] for k in keys}
+        self._jobs.append(job)
+        self._counts[t]["promotion_jobs"] += 1
+        for k in keys:
+            self._pending[k] = job
+        return list(keys)
 
     def hold(self, job: _TierJob, load_id: int, keys: list[bytes]) -> None:
         """Load `load_id` waits for `keys` of promotion `job` (pinned for it at the end)."""
@@ -323,6 +342,8 @@ class TierPath:
 
     def process(self, only: Sequence[_TierJob] | None = None) -> None:
         """Records every tier job that has ended (or those of `only` that have)."""
+        with deferred_interrupts():
+            self._settle_orphans()
         for job in list(self._jobs if only is None else only):
             if job.future.done() and job in self._jobs:
                 with deferred_interrupts():
@@ -358,6 +379,9 @@ class TierPath:
                 tier.close()
 
     def _finish(self, job: _TierJob) -> None:
+        """Records one ended tier job in the store, step by step: each store call is
+        marked done when it returned, so a call interrupted before it ran is made again
+        by the next `process` and none twice."""
         try:
             result = job.future.result()
         except BaseException as exc:  # a tier must not raise into a job; count it
@@ -365,40 +389,63 @@ class TierPath:
             result = TierJobResult(
                 "load" if job.promotion else "store", tuple(job.keys), (False,) * len(job.keys)
             )
-        counts = self._counts[job.tier]
         current = job.generation == self._store.cache_generation
         ok = dict(zip(result.keys, result.ok, strict=True))
         good = [k for k in job.keys if ok.get(k)]
         bad = [k for k in job.keys if not ok.get(k)]
+        if "counted" not in job.steps:
+            self._count(job, result, len(good), len(bad))
+            job.steps.add("counted")
         if not job.promotion:
-            if current:
+            if current and "unpinned" not in job.steps:
                 self._store.complete_load(job.keys)  # the cascade's pins
-            if result.dropped:
-                counts["cascade_dropped"] += len(job.keys)
-            else:
-                counts["cascaded"] += len(good)
-                counts["cascade_failed"] += len(bad)
-            counts["cascade_bytes"] += result.nbytes
-            counts["cascade_seconds"] += result.seconds
+                job.steps.add("unpinned")
             return
         for k in job.keys:
             if self._pending.get(k) is job:
                 del self._pending[k]
-        counts["promoted"] += len(good)
-        counts["promotion_failed"] += len(bad)
-        counts["promotion_bytes"] += result.nbytes
-        counts["promotion_seconds"] += result.seconds
         if not current:
             return  # a reset forgot these chunks (and the loads' pins with them)
-        if bad:
+        if bad and "freed" not in job.steps:
             self._store.complete_store(bad, success=False)
-        if good:
+            job.steps.add("freed")
+        if good and "stored" not in job.steps:
             self._store.complete_store(good, success=True)
-        for load_id, keys in job.holders.items():
+            job.steps.add("stored")
+        for load_id, keys in list(job.holders.items()):
             mine = [k for k in keys if ok.get(k)]
             if mine:
                 self._store.prepare_load(mine)
                 self._pin(load_id, mine)
+            del job.holders[load_id]
+
+    def _count(self, job: _TierJob, result: TierJobResult, good: int, bad: int) -> None:
+        counts = self._counts[job.tier]
+        if not job.promotion:
+            if result.dropped:
+                counts["cascade_dropped"] += len(job.keys)
+            else:
+                counts["cascaded"] += good
+                counts["cascade_failed"] += bad
+            counts["cascade_bytes"] += result.nbytes
+            counts["cascade_seconds"] += result.seconds
+            return
+        counts["promoted"] += good
+        counts["promotion_failed"] += bad
+        counts["promotion_bytes"] += result.nbytes
+        counts["promotion_seconds"] += result.seconds
+
+    def _settle_orphans(self) -> None:
+        """Store calls an interrupt kept from running (a job that never reached its
+        tier): unpins and frees, made now, unless a reset forgot the chunks since."""
+        while self._orphans:
+            generation, kind, keys = self._orphans[0]
+            if generation == self._store.cache_generation:
+                if kind == "unpin":
+                    self._store.complete_load(keys)
+                else:
+                    self._store.complete_store(keys, success=False)
+            self._orphans.pop(0)
 
 
 def prefix_chunks(present: Sequence[bool], window: int | None) -> int:

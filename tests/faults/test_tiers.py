@@ -12,16 +12,19 @@ import threading
 import numpy as np
 import pytest
 
-from jax_kvoffload.store import LookupResult, make_offload_key
+from jax_kvoffload.store import HostStore, LookupResult, make_offload_key
 from jax_kvoffload.transfer import HostChunkPool
 
 from ._helpers import (
+    CALLER_TARGETS,
     Gate,
+    Injector,
     Reports,
     blocks,
     config,
     expected,
     hashes,
+    interruptible,
     offloader,
     pins,
     write_blocks,
@@ -241,5 +244,99 @@ def test_an_interrupted_lookup_wait_loses_nothing():
     assert other.lookup(hs) == 8  # the same promotion, recorded now
     assert other.tier_stats[0].promotion_jobs == 1
     assert load_into(other, hs, list(range(20, 28))).success
+    assert pins(other) == (0, 0)
+    other.close()
+
+
+# -- interrupts at every caller-side step of the tier path ------------------------------
+
+TIER_TARGETS = [
+    *CALLER_TARGETS,
+    (FakeTier, "contains"),
+    (FakeTier, "submit_store"),
+    (FakeTier, "submit_load"),
+]
+
+
+def tier_scenario(off, reports, loads, a, b):
+    """lookup A (from the tier), load it, store B (a cascade), reset, again; each step
+    swallowing an interrupt."""
+    hit = 0
+
+    def step(fn):
+        nonlocal hit
+        with interruptible() as caught:
+            return fn()
+        hit += bool(caught)
+        return None
+
+    def load(hs, dst):
+        n = step(lambda: off.lookup(hs)) or 0
+        job = reports.issue(step(lambda: off.load(hs[:n], dst[:n])) if n else None)
+        if job is not None:
+            loads[job] = (dst[:n], hs[:n])
+
+    load(a, [10, 11, 12, 13])
+    reports.issue(step(lambda: off.store(b, [5, 6, 7, 8])))
+    reports.record(step(off.wait) or [])
+    step(off.reset_cache)
+    load(a, [20, 21, 22, 23])
+    reports.record(step(off.close) or [])
+    return hit
+
+
+def tier_run(monkeypatch, tier, a, at, mode):
+    off = fresh(tier)
+    b = hashes("b", 4)
+    write_blocks(off, [5, 6, 7, 8], b)
+    injector = Injector(monkeypatch, TIER_TARGETS)
+    injector.arm(at, mode)
+    reports, loads = Reports(), {}
+    hit = tier_scenario(off, reports, loads, a, b)
+    injector.disarm()
+    context = f"interrupt {injector.fired}"
+    assert hit == (injector.fired is not None), context
+    reports.record(off.close())
+    reports.check_exactly_once(context)
+    assert pins(off) == (0, 0), context
+    assert off._tiers.in_flight == 0 and tier.drain(10), context
+    for job, (dst, hs) in loads.items():
+        if reports.results[job].success:
+            np.testing.assert_array_equal(blocks(off, dst), expected(hs), err_msg=context)
+    monkeypatch.undo()
+    return injector
+
+
+@pytest.mark.parametrize("mode", ["raise", "signal"])
+def test_an_interrupt_at_any_step_of_the_tier_path_leaves_consistent_state(monkeypatch, mode):
+    first, tier, a = stored(n_blocks=4, prompt="a")
+    first.close()
+    total = tier_run(monkeypatch, tier, a, 10**9, "raise").calls
+    assert total >= 15, total
+    names = set()
+    for at in range(1, total + 2):
+        injector = tier_run(monkeypatch, tier, a, at, mode)
+        if injector.fired:
+            names.add(injector.fired.split(" at ")[1].split(" (")[0])
+    for name in ("FakeTier.contains", "FakeTier.submit_load", "FakeTier.submit_store",
+                 "HostStore.prepare_store", "HostStore.complete_store"):  # fmt: skip
+        assert name in names, (name, sorted(names))
+    tier.close()
+
+
+def test_a_promotion_recorded_halfway_is_finished_once(monkeypatch):
+    off, tier, hs = stored()
+    off.close()
+    tier.lost.add(make_offload_key(hs[7], 0))  # chunk 3 misses: the job frees it, stores 0-2
+    other = fresh(tier)
+    injector = Injector(monkeypatch, [(HostStore, "complete_store")])
+    injector.arm(2, "raise")  # the second store call of the job's record: the good keys
+    with pytest.raises(KeyboardInterrupt):
+        other.lookup(hs)
+    injector.disarm()
+    assert injector.fired and "complete_store" in injector.fired
+    assert other.lookup(hs) == 6  # recorded now: chunk 3 freed once, 0-2 readable
+    assert load_into(other, hs[:6], list(range(20, 26))).success
+    np.testing.assert_array_equal(blocks(other, list(range(20, 26))), expected(hs[:6]))
     assert pins(other) == (0, 0)
     other.close()
