@@ -31,6 +31,7 @@ class Job:
     generation: int  # the store's; a reset since means the keys are gone
     visible: bool = True  # False: the call that made it raised; settled silently
     waits: list = field(default_factory=list)  # a load's promotions: (tier job, keys)
+    released: bool = False  # the store was told (an interrupt after it: not twice)
 
 
 class JobBook:
@@ -91,14 +92,16 @@ class JobBook:
             self._tiers.process([j for j, _ in record.waits])  # pins the keys it waited for
             if job_id is not None:
                 self._tiers.release_holder(job_id)
-        if record.generation != self._store.cache_generation:
+        if record.generation != self._store.cache_generation or record.released:
             return
         if record.direction is Direction.STORE:
             self._store.complete_store(record.keys, success=success)
+            record.released = True
             if success and self._tiers is not None:
                 self._tiers.cascade(record.group, record.keys)
         elif record.keys:
             self._store.complete_load(record.keys)
+            record.released = True
 
     def _pin(self, job_id: int, keys: list[bytes]) -> None:
         """A promotion load `job_id` waited for pinned `keys` for it."""
