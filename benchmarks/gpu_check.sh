@@ -8,12 +8,22 @@
 # 2) the kernel benchmark (every GPU backend vs XLA vs a device-to-device copy),
 # 3) the offload benchmark (engine vs per-block path vs one large device_put), the
 #    scheduler-side manager benchmark and the canonical-vs-direct benchmark (real D2H),
+# 4) the two host pools side by side (numpy rows vs the pinned_host arrays themselves),
 # then a short table last. Exits non-zero if the tests fail.
+#     bash benchmarks/gpu_check.sh --pools-only --quick   # just the pool comparison
+#                                                          # (runs on a CPU too)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 OUT="${OUT:-$PWD/benchmarks/results/gpu}"
 mkdir -p "$OUT"
+POOLS_ARGS=()
+if [ "${1:-}" = "--pools-only" ]; then
+  shift
+  [ "${1:-}" = "--quick" ] && POOLS_ARGS=(--quick) && shift
+  python benchmarks/pools.py "${POOLS_ARGS[@]}" --out "$OUT" "$@" 2>&1 | tee "$OUT/pools.txt"
+  exit "${PIPESTATUS[0]}"
+fi
 
 python -c 'import jax; print("jax", jax.__version__, jax.devices())' | tee "$OUT/env.txt"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >> "$OUT/env.txt" 2>&1 || true
@@ -32,6 +42,9 @@ python benchmarks/offload.py --out "$OUT" 2>&1 | tee "$OUT/offload.txt"
 python benchmarks/manager.py --quick --out "$OUT" 2>&1 | tee "$OUT/manager.txt"
 [ "${PIPESTATUS[0]}" -eq 0 ] || bench_rc=1
 python benchmarks/canonical.py --quick --out "$OUT" 2>&1 | tee "$OUT/canonical.txt"
+[ "${PIPESTATUS[0]}" -eq 0 ] || bench_rc=1
+# The two host pools side by side: numpy rows (a host copy per store) vs pinned rows.
+python benchmarks/pools.py "${POOLS_ARGS[@]}" --out "$OUT" 2>&1 | tee "$OUT/pools.txt"
 [ "${PIPESTATUS[0]}" -eq 0 ] || bench_rc=1
 
 echo

@@ -28,7 +28,6 @@ import itertools
 import logging
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import jax
@@ -37,21 +36,23 @@ import numpy as np
 from jax_kvoffload._offloader_checks import (
     OffloaderError,
     as_group_caches,
-    budget_error,
+    assemble,
     check_block_ids,
     check_caches,
     check_hashes,
 )
+from jax_kvoffload._offloader_jobs import Job, JobBook
 from jax_kvoffload._offloader_stats import OffloaderAccounting
+from jax_kvoffload._offloader_tiers import TierPath, TierPathStats, prefix_chunks
 from jax_kvoffload.config import OffloadingConfig
-from jax_kvoffload.errors import KVOffloadError, KVOffloadStateError, KVOffloadTypeError
-from jax_kvoffload.stats import OffloadStats
-from jax_kvoffload.store import HostStore, LookupResult, cpu_tier_capacity, make_offload_key
+from jax_kvoffload.errors import KVOffloadStateError
+from jax_kvoffload.stats import OffloadStats, TierStats
+from jax_kvoffload.store import LookupResult, make_offload_key
+from jax_kvoffload.tiers import SecondaryTier
 from jax_kvoffload.transfer import (
     Direction,
     GroupCaches,
     GroupTransfer,
-    HostChunkPool,
     TransferEngine,
     TransferResult,
 )
@@ -71,31 +72,34 @@ class OffloaderStateError(KVOffloadStateError):
     """The offloader cannot take the call now (closed, or busy in another thread)."""
 
 
-@dataclass
-class _Job:
-    direction: Direction
-    group: int
-    keys: list[bytes]
-    generation: int  # the store's; a reset since means the keys are gone
-    visible: bool = True  # False: the call that made it raised; settled silently
-
-
-class KVOffloader:
-    """Offloads KV chunks of a JAX engine to host memory and loads them back.
+class KVOffloader(JobBook):
+    """Offloads KV chunks of a JAX engine to host memory (and secondary tiers) and
+    loads them back.
 
     Args:
-      config: the `OffloadingConfig` (`build_offloading_config`).
+      config: the `OffloadingConfig` (`build_offloading_config`). Its extra config's
+        host-tier keys (`cpu_bytes_to_use`, `eviction_policy`, `secondary_tiers`, ...;
+        `jax_kvoffload.config.host_tier_config`) size and shape the host tier.
       caches: group id -> `GroupCaches`, or one `GroupCaches` for the first group. The
         offloader owns the arrays afterwards: read them back with `caches(group)`. They
         must match the config: one array per layer (K and V each with
         `KVStacking.SEPARATE`), the config's dtype width and tokens per block.
-      cpu_bytes_to_use: host budget; defaults to `config.extra_config["cpu_bytes_to_use"]`.
+      cpu_bytes_to_use: host budget; defaults to the extra config's `cpu_bytes_to_use`.
       eviction_policy: "lru" or "arc"; defaults to the extra config's, else "lru".
+      host_pool: "numpy" (rows allocated once) or "pinned" (the host arrays of the
+        device-to-host copies are the rows: no host copy); default the extra config's
+        `host_pool`, else "numpy".
+      tiers: secondary tiers already opened, used instead of the extra config's
+        `secondary_tiers` (the caller closes them; the offloader closes those it opens).
       backend, interpret: kernel backend for `pallas_kernels` ("auto" by platform).
       max_bucket: largest block count per kernel call.
       total_kv_heads: the model's KV heads; required with `config.canonical_layout`, where
         every array must be the global view (all heads, sharded over any mesh) so that its
         pages are the canonical, topology-free pages (docs/canonical.md).
+
+    With secondary tiers (docs/tiers.md): completed stores cascade to every tier,
+    `lookup` sees the host, then the tiers (and promotes what it counts into the host),
+    `load` promotes tier hits it is given before loading.
     """
 
     def __init__(
@@ -105,6 +109,8 @@ class KVOffloader:
         *,
         cpu_bytes_to_use: int | None = None,
         eviction_policy: str | None = None,
+        host_pool: str | None = None,
+        tiers: Sequence[SecondaryTier] | None = None,
         backend: str = "auto",
         interpret: Any = False,
         max_bucket: int = 256,
@@ -120,14 +126,23 @@ class KVOffloader:
                 f"blocks_per_chunk={self._bpc}: 'block_size': 0 in the extra config gives "
                 "chunks of no blocks; set 'blocks_per_chunk' >= 1"
             )
-        self._store = _host_store(config, caches, cpu_bytes_to_use, eviction_policy)
-        bytes_per_block = {g: gc.block_bytes for g, gc in caches.items()}
-        self._pool = HostChunkPool(self._store.num_chunks, bytes_per_block, self._bpc)
-        self._engine = TransferEngine(
-            caches, self._pool, backend=backend, interpret=interpret, max_bucket=max_bucket
+        parts = assemble(config, caches, cpu_bytes_to_use, eviction_policy, host_pool, tiers)
+        self._store, self._pool = parts.store, parts.pool
+        try:
+            self._engine = TransferEngine(
+                caches, self._pool, backend=backend, interpret=interpret, max_bucket=max_bucket
+            )
+        except BaseException:
+            if tiers is None:
+                for tier in parts.tiers:
+                    tier.close()
+            raise
+        self._tiers = (
+            TierPath(parts.tiers, self._store, self._pool, self._pin) if parts.tiers else None
         )
+        self._own_tiers = tiers is None
         self._guard = SingleCaller("KVOffloader", OffloaderStateError)
-        self._jobs: dict[int, _Job] = {}  # in flight (engine) or unsettled
+        self._jobs: dict[int, Job] = {}  # in flight (engine) or unsettled
         self._unsettled: deque[TransferResult] = deque()  # ended, store not yet told
         self._ready: dict[int, TransferResult] = {}  # settled, not yet returned
         self._ids = itertools.count(1)
@@ -135,17 +150,32 @@ class KVOffloader:
         self.config = config
         tokens = {g.group_id: g.tokens_per_block for g in config.groups}
         self._stats = OffloaderAccounting(self._store, tokens, self._bpc)
+        if self._tiers is not None:
+            self._stats.tiers = self._tier_counters
 
     # -- queries ------------------------------------------------------------------
-
-    @property
-    def store_stats(self) -> Any:
-        return self._store.get_stats()
 
     def stats(self) -> OffloadStats:
         """Cumulative counters and current occupancy (docs/observability.md); cheap,
         callable from any thread, also after `close`."""
         return self._stats.snapshot()
+
+    def _tier_counters(self) -> tuple[TierStats, ...]:
+        """`stats()`'s per-tier counters, read from the tier path (`tier_stats`)."""
+        return tuple(
+            TierStats(
+                f"{s.medium}[{s.tier}]",
+                cascaded=s.cascaded,
+                promoted=s.promoted,
+                dropped=s.cascade_dropped,
+                failed=s.cascade_failed + s.promotion_failed,
+            )
+            for s in self.tier_stats
+        )
+
+    @property
+    def store_stats(self) -> Any:
+        return self._store.get_stats()
 
     @property
     def num_chunks(self) -> int:
@@ -158,6 +188,16 @@ class KVOffloader:
     @property
     def closed(self) -> bool:
         return self._closed
+
+    @property
+    def tier_stats(self) -> tuple[TierPathStats, ...]:
+        """Per secondary tier: cascaded, promoted, dropped, bytes, seconds (docs/tiers.md)."""
+        return () if self._tiers is None else self._tiers.stats()
+
+    @property
+    def secondary_tiers(self) -> tuple[SecondaryTier, ...]:
+        """The tiers behind the host store (their own `stats()`), in lookup order."""
+        return () if self._tiers is None else self._tiers.tiers
 
     def caches(self, group: int | None = None) -> list[jax.Array]:
         """The group's current device arrays (replaced by each completed load)."""
@@ -185,31 +225,48 @@ class KVOffloader:
         with self._guard:
             return self._store.take_events()
 
-    def lookup(self, block_hashes: Sequence[bytes], *, group: int | None = None) -> int:
+    def lookup(
+        self, block_hashes: Sequence[bytes], *, group: int | None = None, wait: bool = True
+    ) -> int:
         """How many leading blocks can be loaded now (a multiple of blocks_per_chunk).
 
         Full-attention groups need every chunk of the prefix; a sliding-window group of
         W chunks needs only the last W before the prefix end, so the longest prefix
         whose trailing W chunks are all stored counts (and `load` loads those W).
+
+        With secondary tiers, chunks the host lacks are looked for in the tiers and
+        promoted into host chunks; `wait=True` waits for those promotions (bounded by
+        the tiers' timeouts), so the count is what `load` will load. `wait=False`
+        returns the host's count at once and lets the promotions finish in the
+        background (vLLM's asynchronous lookup): ask again later.
         """
         with self._guard:
             self._check_open()
             g = self._group(group)
-            hits = [
-                self._store.lookup(make_offload_key(h, g)) is LookupResult.HIT
-                for h in self._chunk_hashes(check_hashes(block_hashes))
-            ]
+            keys = [make_offload_key(h, g) for h in self._chunk_hashes(check_hashes(block_hashes))]
             window = self._groups[g].sliding_window_size_in_chunks
-            if window is None:
-                n = next((i for i, hit in enumerate(hits) if not hit), len(hits))
-            else:
-                n = 0
-                for end in range(len(hits), 0, -1):
-                    if all(hits[max(0, end - window) : end]):
-                        n = end
-                        break
+            if self._tiers is not None:
+                self._tiers.process()
+                n = self._tiers.lookup(g, keys, window, wait)
+                self._stats.on_lookup(g, n, n * self._bpc)  # found in the host or a tier
+                return n * self._bpc
+            hits = [self._store.lookup(k) is LookupResult.HIT for k in keys]
+            n = prefix_chunks(hits, window)
             self._stats.on_lookup(g, sum(hits), n * self._bpc)
             return n * self._bpc
+
+    def flush_tiers(self, timeout: float | None = None) -> bool:
+        """Waits until every cascade and promotion in flight has ended (e.g. before a
+        process exits, so that what it stored is in the tiers); False on timeout.
+        Interruptible. Without tiers: True at once."""
+        with self._guard:
+            self._check_open()
+            if self._tiers is None:
+                return True
+            if self._unsettled or self._engine.has_finished():
+                with deferred_interrupts():  # completed stores cascade first
+                    self._settle(self._engine.get_finished())
+            return self._tiers.wait(timeout=timeout)
 
     # -- transfers ------------------------------------------------------------------
 
@@ -258,6 +315,8 @@ class KVOffloader:
         """Results of jobs that ended since the last call; never blocks."""
         with self._guard:
             self._check_open()
+            if self._tiers is not None:
+                self._tiers.process()
             if self._unsettled or self._engine.has_finished():  # the common idle poll is cheap
                 with deferred_interrupts():
                     self._settle(self._engine.get_finished())
@@ -291,8 +350,17 @@ class KVOffloader:
         """
         with self._guard:
             self._check_open()
+            if self._tiers is not None:
+                # No tier thread may touch a row the store is about to forget (vLLM's
+                # drain_jobs); interruptible, and nothing has changed until it returns.
+                self._tiers.drain()
             with deferred_interrupts():
                 self._store.reset_cache()
+                if self._tiers is not None:
+                    generation = self._store.cache_generation
+                    self._tiers.hold_promotions(
+                        lambda: all(j.generation == generation for j in self._jobs.values())
+                    )
 
     def close(self) -> list[TransferResult]:
         """Waits for the jobs in flight, stops the transfer threads, and returns the
@@ -305,7 +373,12 @@ class KVOffloader:
             self._engine.join()  # blocks; may be interrupted, changes nothing
             with deferred_interrupts():
                 self._settle(self._engine.get_finished())
+            if self._tiers is not None:
+                self._tiers.drain()  # cascades reach the tiers; interruptible
+            with deferred_interrupts():
                 self._engine.close()
+                if self._tiers is not None:
+                    self._tiers.close(own=self._own_tiers)
                 self._closed = True
             return self._take_ready(None)
 
@@ -347,27 +420,6 @@ class KVOffloader:
             raise OffloaderError(f"group {group}: a load's block ids must be unique")
         return hashes, whole.reshape(len(hashes), self._bpc).tolist()
 
-    def _check_wait_ids(self, job_ids: object) -> list[int]:
-        if isinstance(job_ids, (str, bytes)) or not isinstance(job_ids, Iterable):
-            raise KVOffloadTypeError(
-                f"job_ids must be an iterable of job ids, got {type(job_ids).__name__}"
-            )
-        ids = [check_index("job id", j) for j in job_ids if j is not None]
-        known = [i for i in ids if i in self._ready or self._visible(i)]
-        unknown = [i for i in ids if i not in known]
-        dup = sorted({i for i in ids if ids.count(i) > 1})
-        if unknown or dup:
-            what = "unknown or already reported" if unknown else "listed twice"
-            raise OffloaderError(
-                f"job ids {unknown or dup} are {what}; nothing was collected: pass each "
-                "job not yet reported once"
-            )
-        return ids
-
-    def _visible(self, job_id: int) -> bool:
-        job = self._jobs.get(job_id)
-        return job is not None and job.visible
-
     # -- internals: jobs ----------------------------------------------------------------
 
     def _start_store(
@@ -392,107 +444,76 @@ class KVOffloader:
 
     def _start_load(self, g: int, keys: list[bytes], ids: list[list[int]]) -> int:
         job = None
+        where = self._locate_missing(keys)  # tier I/O: outside the deferred block
         try:
             with deferred_interrupts():
-                chunk_ids = self._store.prepare_load(keys)
-                job = self._record(Direction.LOAD, g, keys)
+                chunk_ids, pinned, waits = self._prepare_load(g, keys, where)
+                job = self._record(Direction.LOAD, g, pinned)
+                self._jobs[job].waits = waits
+                for tier_job, tier_keys in waits:
+                    self._tiers.hold(tier_job, job, tier_keys)
             blocks = tuple(b for chunk in ids for b in chunk)
-            self._engine.submit_load(job, [GroupTransfer(g, blocks, tuple(chunk_ids))])
+            transfer = GroupTransfer(g, blocks, tuple(chunk_ids))
+            if waits:
+                self._engine.submit_load(
+                    job,
+                    [transfer],
+                    after=[j.future for j, _ in waits],
+                    check=lambda: TierPath.check_loaded(waits),
+                )
+            else:
+                self._engine.submit_load(job, [transfer])
         except BaseException:
             if job is not None:
                 self._abandon(job)
             raise
         return job
 
-    def _record(self, direction: Direction, g: int, keys: list[bytes]) -> int:
-        job = next(self._ids)
-        self._jobs[job] = _Job(direction, g, keys, self._store.cache_generation)
-        return job
+    def _locate_missing(self, keys: list[bytes]) -> dict[bytes, int]:
+        """The tier holding each key the host lacks (bounded tier calls; none while
+        promotions are held after a reset)."""
+        tiers = self._tiers
+        if tiers is None:
+            return {}
+        tiers.process()
+        missing = [k for k in keys if tiers.host_state(k) is LookupResult.MISS]
+        if not missing or tiers.promotions_held():
+            return {}
+        return {k: t for k, t in zip(missing, tiers.locate(missing), strict=True) if t is not None}
 
-    def _abandon(self, job: int) -> None:
-        """Undoes a job whose `store` / `load` call raised: the caller never got its id."""
-        with deferred_interrupts():
-            record = self._jobs[job]
-            if self._engine.knows(job):
-                # Submitted after all (the interrupt came later): it ends unreported; a
-                # load must then not write blocks the caller believes untouched.
-                record.visible = False
-                if record.direction is Direction.LOAD:
-                    self._engine.discard(job)
-                return
-            self._release(record, success=False)
-            del self._jobs[job]
+    def _prepare_load(
+        self, g: int, keys: list[bytes], located: dict[bytes, int]
+    ) -> tuple[list[int], list[bytes], list]:
+        """Chunk ids of `keys`, the keys pinned now, and the promotions to wait for.
 
-    def _release(self, record: _Job, success: bool) -> None:
-        """Tells the store a job's keys are done with (unless a reset forgot them)."""
-        if record.generation != self._store.cache_generation:
-            return
-        if record.direction is Direction.STORE:
-            self._store.complete_store(record.keys, success=success)
-        else:
-            self._store.complete_load(record.keys)
-
-    def _settle(self, results: list[TransferResult]) -> None:
-        """Records ended jobs in the store, then queues the visible ones for the caller.
-
-        Results wait in `_unsettled` until the store has been told: if that is
-        interrupted, the next poll / wait / close picks up where this one stopped.
-        """
-        self._unsettled.extend(results)
-        while self._unsettled:
-            result = self._unsettled[0]
-            record = self._jobs[result.job_id]
-            try:
-                self._release(record, result.success)
-            except Exception:  # the store refused: log it, the job is still reported
-                logger.exception("recording job %d in the host store failed", result.job_id)
-            self._unsettled.popleft()
-            del self._jobs[result.job_id]
-            self._stats.on_job(record.direction is Direction.STORE, result)
-            if record.visible:
-                self._ready[result.job_id] = result
-
-    def _take_ready(self, ids: list[int] | None) -> list[TransferResult]:
-        if ids is None:
-            out = list(self._ready.values())
-            self._ready.clear()
-            return out
-        return [self._ready.pop(i) for i in ids]
-
-
-def _host_store(
-    config: OffloadingConfig,
-    caches: dict[int, GroupCaches],
-    cpu_bytes_to_use: Any,
-    eviction_policy: str | None,
-) -> HostStore:
-    """The store sized as vLLM's CPU tier: one chunk id addresses a row in every group."""
-    extra = config.extra_config
-    budget = cpu_bytes_to_use if cpu_bytes_to_use is not None else extra.get("cpu_bytes_to_use")
-    if budget is None:
-        raise OffloaderError(
-            "cpu_bytes_to_use is required: pass it or set it in kv_connector_extra_config"
-        )
-    # Global (canonical) arrays hold every rank's bytes in this one process: one copy.
-    canonical = config.canonical_layout
-    try:
-        capacity = cpu_tier_capacity(
-            budget,
-            worker_kv_bytes_per_block=sum(gc.block_bytes for gc in caches.values()),
-            blocks_per_chunk=config.cache.blocks_per_chunk,
-            world_size=1 if canonical else config.parallel.world_size,
-            replicated_layout=False if canonical else config.replicated_layout,
-        )
-        if capacity.num_chunks < 1:
-            raise budget_error(budget, capacity.kv_bytes_per_chunk)
-        return HostStore(
-            capacity.num_chunks,
-            eviction_policy=eviction_policy or extra.get("eviction_policy", "lru"),
-            enable_events=config.enable_kv_cache_events,
-        )
-    except KVOffloadError:
-        raise
-    except TypeError as e:  # the store's own checks: their message, our error root
-        raise KVOffloadTypeError(str(e)) from e
-    except ValueError as e:
-        raise OffloaderError(str(e)) from e
+        Keys in the host are pinned; keys a promotion is filling are waited for; keys
+        only a tier holds (`located`) are promoted now. A key found nowhere raises the
+        store's error before anything changes (as a load of a key not stored always has)."""
+        tiers = self._tiers
+        if tiers is None:
+            return list(self._store.prepare_load(keys)), keys, []
+        state = [tiers.host_state(k) for k in keys]
+        ready = [k for k, st in zip(keys, state, strict=True) if st is not LookupResult.MISS
+                 and tiers.promotion_of(k) is None]  # fmt: skip
+        missing = [k for k, st in zip(keys, state, strict=True) if st is LookupResult.MISS]
+        where = [located.get(k) for k in missing]
+        nowhere = [k for k, t in zip(missing, where, strict=True) if t is None]
+        if nowhere:
+            self._store.prepare_load([*ready, *nowhere])  # raises: not stored
+        chunk_of = dict(zip(ready, self._store.prepare_load(ready), strict=True))
+        found = [(k, t) for k, t in zip(missing, where, strict=True) if t is not None]
+        started = tiers.promote(g, [k for k, _ in found], [t for _, t in found], protect=ready)
+        if len(started) < len(found):
+            self._store.complete_load(ready)
+            raise OffloaderError(
+                f"group {g}: {len(found) - len(started)} chunk(s) are in a secondary tier "
+                "but the host store has no room to promote them now; call lookup() first "
+                "(it promotes what it counts), or load fewer chunks"
+            )
+        waits: dict[int, tuple[Any, list[bytes]]] = {}
+        for k in keys:
+            tier_job = tiers.promotion_of(k)
+            if tier_job is not None and k not in chunk_of:
+                chunk_of[k] = tier_job.chunks[k]
+                waits.setdefault(id(tier_job), (tier_job, []))[1].append(k)
+        return [chunk_of[k] for k in keys], ready, list(waits.values())

@@ -1,4 +1,5 @@
-"""Checks `KVOffloader` runs on its arguments: caches against the config, hashes, ids.
+"""Checks `KVOffloader` runs on its arguments: caches against the config, hashes, ids;
+and the host tier it assembles from them (`assemble`).
 
 Each refuses at the call, with the group, the value and the fix, what would otherwise
 fail later inside a job (or silently: a float block id truncated to another block).
@@ -12,9 +13,11 @@ from typing import Any
 import numpy as np
 
 import pallas_kernels as pk
-from jax_kvoffload.config import OffloadingConfig
+from jax_kvoffload.assembly import HostTierParts, assemble_host_tier
+from jax_kvoffload.config import OffloadingConfig, host_tier_config
 from jax_kvoffload.config.internals import as_dtype
-from jax_kvoffload.errors import KVOffloadTypeError, KVOffloadValueError
+from jax_kvoffload.errors import KVOffloadError, KVOffloadTypeError, KVOffloadValueError
+from jax_kvoffload.tiers import SecondaryTier
 from jax_kvoffload.transfer import GroupCaches, check_global_caches
 from jax_kvoffload.transfer.internals import check_distinct, check_index, check_indices
 
@@ -178,3 +181,56 @@ def budget_error(budget: Any, chunk_bytes: int) -> OffloaderError:
         f"cpu_bytes_to_use={budget!r} buys no chunk: one chunk takes {chunk_bytes} bytes "
         f"of host memory; give at least {chunk_bytes} (better, room for many prompts)"
     )
+
+
+def assemble(
+    config: OffloadingConfig,
+    caches: dict[int, GroupCaches],
+    cpu_bytes_to_use: Any,
+    eviction_policy: str | None,
+    host_pool: str | None,
+    tiers: Sequence[SecondaryTier] | None,
+) -> HostTierParts:
+    """Store, pool and tiers, sized as vLLM's CPU tier: a chunk id addresses a row in
+    every group. Errors of the parts keep their type family, on our error root."""
+    try:
+        host = host_tier_config(
+            config.extra_config,
+            cpu_bytes_to_use=cpu_bytes_to_use,
+            eviction_policy=eviction_policy,
+            host_pool=host_pool,
+        )
+        if host.cpu_bytes_to_use is None:
+            raise OffloaderError(
+                "cpu_bytes_to_use is required: pass it or set it in kv_connector_extra_config"
+            )
+        if (host.secondary_tiers or tiers) and host.store_threshold >= 2:
+            raise OffloaderError(
+                f"store_threshold={host.store_threshold} is not supported with secondary "
+                "tiers (vLLM's TieringOffloadingSpec refuses it too): drop one of them"
+            )
+        if tiers is not None and not all(isinstance(t, SecondaryTier) for t in tiers):
+            raise KVOffloadTypeError("tiers must be SecondaryTier objects (open_tier(...))")
+        # Global (canonical) arrays hold every rank's bytes in this one process: one copy.
+        canonical = config.canonical_layout
+        parts = assemble_host_tier(
+            config,
+            host,
+            bytes_per_block={g: gc.block_bytes for g, gc in caches.items()},
+            worker_kv_bytes_per_block=sum(gc.block_bytes for gc in caches.values()),
+            world_size=1 if canonical else config.parallel.world_size,
+            replicated_layout=False if canonical else config.replicated_layout,
+            enable_events=config.enable_kv_cache_events,
+            tiers=None if tiers is None else tuple(tiers),
+        )
+    except KVOffloadError:
+        raise
+    except TypeError as e:  # the store's own checks: their message, our error root
+        raise KVOffloadTypeError(str(e)) from e
+    except ValueError as e:
+        raise OffloaderError(str(e)) from e
+    if parts.store.num_chunks < 1:
+        for tier in parts.tiers if tiers is None else ():
+            tier.close()
+        raise budget_error(host.cpu_bytes_to_use, parts.capacity.kv_bytes_per_chunk)
+    return parts

@@ -65,15 +65,10 @@ def _bench(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     import json
 
+    from jax_kvoffload import demo
     from jax_kvoffload.config import OffloadConfigError
-    from jax_kvoffload.demo import (
-        DemoConfigError,
-        DemoModelConfig,
-        ScenarioConfig,
-        StreamProgress,
-        format_summary,
-        run_scenario,
-    )
+    from jax_kvoffload.demo import DemoConfigError, DemoModelConfig, ScenarioConfig
+    from jax_kvoffload.errors import KVOffloadError
 
     try:
         cfg = ScenarioConfig(
@@ -94,16 +89,31 @@ def _demo(args: argparse.Namespace) -> int:
             blocks_per_chunk=args.blocks_per_chunk,
             kernel_backend=args.kernel_backend,
             skip_load=args.skip_load,
+            tiers=tuple(args.tier or ()),
         )
-        progress = None if args.quiet else StreamProgress(sys.stderr)
-        summary = run_scenario(cfg, progress)
+        if args.two_process and not cfg.tiers:
+            raise DemoConfigError("--two-process needs at least one --tier")
+        progress = None if args.quiet else demo.StreamProgress(sys.stderr)
+        if args.role is not None:  # one process of the two-process mode
+            run = demo.run_writer if args.role == "writer" else demo.run_reader
+            summary = run(cfg, progress)
+            print(json.dumps(summary, indent=2))
+            return 0 if summary["passed"] else 1
+        if args.two_process:
+            summary = demo.run_two_process(cfg, progress)
+            print(json.dumps(summary, indent=2) if args.json else demo.format_two_process(summary))
+            return 0 if summary["passed"] else 1
+        summary = demo.run_scenario(cfg, progress)
     except (DemoConfigError, OffloadConfigError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KVOffloadError as exc:  # e.g. a tier directory that is not private
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
-        print(format_summary(summary))
+        print(demo.format_summary(summary))
     return 0 if summary["check"]["passed"] else 1
 
 
@@ -151,6 +161,21 @@ def _add_demo(commands: argparse._SubParsersAction) -> None:
         action="store_true",
         help="negative control: B skips loading its prefix, so the check must fail",
     )
+    tiers = demo.add_argument_group("secondary tiers")
+    tiers.add_argument(
+        "--tier",
+        action="append",
+        metavar="TIER",
+        help="a secondary tier behind the host store: disk:PATH (a private directory) or "
+        "redis://HOST:PORT (a running Redis/Valkey server); repeatable",
+    )
+    tiers.add_argument(
+        "--two-process",
+        action="store_true",
+        help="per tier: a writer process stores A's prefix, then a fresh reader process "
+        "serves it from the tier; prints the ratio of serving vs recomputing it",
+    )
+    tiers.add_argument("--role", choices=("writer", "reader"), help=argparse.SUPPRESS)
     demo.add_argument("--json", action="store_true", help="print only JSON on stdout")
     demo.add_argument("--quiet", action="store_true", help="no progress on stderr")
     demo.set_defaults(func=_demo)

@@ -72,11 +72,11 @@ class TierStats:
     """Cumulative counters of one secondary tier behind the host store (chunks).
 
     Attributes:
-      name: the tier's name in the configuration.
+      name: the tier's medium and index in `secondary_tiers`, e.g. "disk[0]".
       cascaded: chunks written from the host tier to this tier.
       promoted: chunks read from this tier back into the host tier.
       dropped: chunks not cascaded (backpressure, or the tier refused them).
-      failed: cascade or promotion jobs that failed.
+      failed: chunks whose cascade or promotion failed.
     """
 
     name: str

@@ -43,6 +43,8 @@ REFUSED = [
     ("kernels", ["--max-gib", "nan"], "--max-gib: must be a finite number > 0, got nan"),
     ("kernels", ["--backends", "cuda"], "--backends: invalid choice: 'cuda'"),
     ("kernels", ["--repeats", "1.5"], "--repeats: must be an integer >= 1, got '1.5'"),
+    ("pools", ["--chunk-blocks", "0"], "--chunk-blocks: must be an integer >= 1, got 0"),
+    ("pools", ["--blocks", "x"], "--blocks: must be an integer >= 1, got 'x'"),
 ]
 
 
@@ -56,6 +58,7 @@ def test_nonsense_is_refused_with_the_rule(capsys, name, argv, message):
 
 
 ACCEPTED = [
+    ("pools", ["--quick", "--blocks", "64", "--chunk-blocks", "4", "--json"]),
     ("offload", ["--quick", "--layers", "8", "--blocks", "64", "256", "--json"]),
     ("canonical", ["--quick", "--tp", "1", "2", "--forms", "split-hnd", "--blocks", "32"]),
     ("mesh", ["--quick", "--devices", "1", "2", "--json", "--quiet"]),
@@ -70,7 +73,7 @@ def test_sensible_arguments_parse(name, argv):
 
 
 def test_every_benchmark_script_of_ours_is_covered():
-    ours = {"offload", "canonical", "mesh", "kernels"}
+    ours = {"offload", "canonical", "mesh", "kernels", "pools"}
     assert ours <= {p.stem for p in BENCHMARKS.glob("*.py")}
     assert {n for n, *_ in REFUSED} == ours
 

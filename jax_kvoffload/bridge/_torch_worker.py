@@ -39,7 +39,7 @@ from jax_kvoffload.bridge._job_plan import JobSpecError, TensorMove, int_ids, pl
 from jax_kvoffload.bridge._tensor_bytes import TensorBytes, UnitRows
 from jax_kvoffload.errors import KVOffloadStateError, KVOffloadTypeError
 from jax_kvoffload.stats import TransferTally, TransferTotals
-from jax_kvoffload.transfer import CanonicalPoolView, HostChunkPool, bucket_sizes
+from jax_kvoffload.transfer import HostChunkPool, HostPool, bucket_sizes
 
 __all__ = ["Finished", "TorchKVWorker", "WorkerClosedError", "host_widths"]
 
@@ -170,7 +170,7 @@ class TorchKVWorker:
         max_bucket: int = 256,
         max_staging_bytes: int = 64 << 20,
         store_kernel: bool | None = None,
-        pool: Any = None,
+        pool: HostPool | None = None,
         on_shutdown: Any = None,
         not_ready: Any = None,
     ) -> None:
@@ -203,6 +203,11 @@ class TorchKVWorker:
         self._result_type = result_type
         if pool is None:
             pool = HostChunkPool(num_chunks, self.widths, self._bpc)
+        elif not isinstance(pool, HostPool):
+            raise KVOffloadTypeError(
+                f"pool must be a HostPool (HostChunkPool, CanonicalPoolView, ...), got "
+                f"{type(pool).__name__}"
+            )
         elif (dict(pool.bytes_per_block), pool.blocks_per_chunk, pool.num_chunks) != (
             self.widths,
             self._bpc,
@@ -214,7 +219,6 @@ class TorchKVWorker:
                 f"{self.widths} in {num_chunks} chunks of {self._bpc}"
             )
         self.pool = pool
-        self._canonical = isinstance(pool, CanonicalPoolView)
         if store_kernel is False and any(self._geo[t].device.type != "cpu" for t in self.widths):
             raise JobSpecError("store_kernel=False needs CPU tensors; use None or True")
         self._units: dict[int, UnitRows] = {
@@ -239,12 +243,12 @@ class TorchKVWorker:
     def submit_store(self, job_id: int, src_spec: Any, dst_spec: Any) -> bool:
         """Device blocks (`src_spec`: ids, group_sizes, block_indices) -> host chunks."""
         moves, size = self._plan(job_id, src_spec, dst_spec, load=False)
-        if self._canonical:  # vLLM counts what this rank writes (writer rotation)
-            size = sum(
-                m.refs
-                * self.pool.store_bytes(m.tensor, list(m.chunk_ids), m.first_slot, len(m.block_ids))
-                for m in moves
-            )
+        written = [
+            self.pool.store_bytes(m.tensor, list(m.chunk_ids), m.first_slot, len(m.block_ids))
+            for m in moves
+        ]
+        if moves and None not in written:  # vLLM counts what this rank writes (canonical)
+            size = sum(m.refs * w for m, w in zip(moves, written, strict=True))
         if self._refused(job_id, size, store=True):
             return True
         for device in {self._geo[m.tensor].device for m in moves}:

@@ -18,7 +18,7 @@ vLLM's `CachePolicyFactory`.
 from __future__ import annotations
 
 import functools
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Collection, Iterator
 from typing import Any
 
 from jax_kvoffload.bridge._vllm_metrics import CounterDeltas
@@ -27,46 +27,10 @@ from jax_kvoffload.store import (
     AbstractEvictionPolicy,
     AbstractRequestContext,
     HostStore,
-    StoreError,
-    StoreTypeError,
     add_policy_resolver,
 )
 
-__all__ = ["build_manager_class", "install_vllm_types", "store_options"]
-
-
-def _int_option(extra: Mapping[str, Any], key: str, default: int) -> int:
-    """`int(extra[key])` as vLLM's CPU spec reads it, with errors naming the key."""
-    value = extra.get(key, default)
-    try:
-        return int(value)
-    except TypeError:
-        raise StoreTypeError(
-            f"kv_connector_extra_config[{key!r}] must be an integer (or a decimal "
-            f"string), got {type(value).__name__}: {value!r}."
-        ) from None
-    except ValueError:
-        raise StoreError(
-            f"kv_connector_extra_config[{key!r}]={value!r} is not an integer; "
-            f"e.g. {{{key!r}: {default}}}."
-        ) from None
-
-
-def store_options(extra_config: Mapping[str, Any], eviction_policy: str) -> dict[str, Any]:
-    """`HostStore` keyword arguments as vLLM's `CPUOffloadingSpec.get_manager` reads them.
-
-    `eviction_policy` (vLLM-registered names resolve too, see `install_vllm_types`),
-    `cache_policy_module_path`, `store_threshold` and `max_tracker_size`. vLLM treats a
-    threshold below 2 as off and a negative tracker size as 0; the store spells both
-    as 0.
-    """
-    install_vllm_types()
-    return {
-        "eviction_policy": eviction_policy,
-        "cache_policy_module_path": extra_config.get("cache_policy_module_path"),
-        "store_threshold": max(_int_option(extra_config, "store_threshold", 0), 0),
-        "max_tracker_size": max(_int_option(extra_config, "max_tracker_size", 64_000), 0),
-    }
+__all__ = ["build_manager_class", "install_vllm_types"]
 
 
 def _vllm_policy(name: str) -> type | None:

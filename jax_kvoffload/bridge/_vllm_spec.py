@@ -14,12 +14,18 @@ import logging
 from typing import Any
 
 from jax_kvoffload.bridge._vllm_pools import (
+    CanonicalWorkerError,
     canonical_worker_pool,
     group_missing,
     shared_direct_pool,
 )
-from jax_kvoffload.config import OffloadingConfig
-from jax_kvoffload.store import HostStore, cpu_tier_capacity
+from jax_kvoffload.config import (
+    ConfigFieldError,
+    ConfigTypeError,
+    HostTierConfig,
+    OffloadingConfig,
+    host_tier_config,
+)
 
 __all__ = ["build_spec_classes", "our_offloading_config"]
 
@@ -42,19 +48,42 @@ def our_offloading_config(vllm_config: Any) -> OffloadingConfig:
     return OffloadingConfig.from_dict(data)
 
 
+def read_host_tier(extra_config: Any) -> tuple[HostTierConfig, Exception | None]:
+    """The host-tier keys, parsed once; an error in a key vLLM reads only when it builds
+    the manager (`HostTierConfig.MANAGER_KEYS`) is returned, to be raised there."""
+    try:
+        return host_tier_config(extra_config), None
+    except (ConfigFieldError, ConfigTypeError) as e:
+        late = [f"kv_connector_extra_config[{k!r}]" for k in HostTierConfig.MANAGER_KEYS]
+        if e.field not in late:
+            raise
+        early = {k: v for k, v in extra_config.items() if k not in HostTierConfig.MANAGER_KEYS}
+        return host_tier_config(early), e
+
+
 @functools.cache
 def build_spec_classes() -> dict[str, type]:
     """Returns `{"JaxOffloadingSpec", "JaxOffloadingManager", "JaxOffloadingWorker"}`."""
     from vllm.v1.kv_offload import base
     from vllm.v1.kv_offload.cpu.common import CPUOffloadingInfo
+    from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
 
+    from jax_kvoffload.assembly import build_store, host_capacity
     from jax_kvoffload.bridge._torch_worker import TorchKVWorker, host_widths
-    from jax_kvoffload.bridge._vllm_manager import build_manager_class
+    from jax_kvoffload.bridge._vllm_manager import build_manager_class, install_vllm_types
     from jax_kvoffload.bridge._vllm_metrics import (
         metric_definitions,
         spec_stats,
         tokens_per_chunk,
     )
+    from jax_kvoffload.bridge._vllm_tiering import tiered_worker_pool, vllm_tier_dicts
+
+    def _tiering_extra(extra_config: dict[str, Any]) -> dict[str, Any] | None:
+        """The extra config with `secondary_tiers` in vLLM's shape, or None without."""
+        if not extra_config.get("secondary_tiers"):
+            return None
+        host, _ = read_host_tier(extra_config)
+        return {**extra_config, "secondary_tiers": vllm_tier_dicts(host)}
 
     manager_cls = build_manager_class()
 
@@ -69,12 +98,15 @@ def build_spec_classes() -> dict[str, type]:
             blocks_per_chunk: int,
             num_chunks: int,
             config: OffloadingConfig | None = None,
+            rows: dict[str, Any] | None = None,
         ):
             """A worker over vLLM's `CanonicalKVCaches`, moving the bytes vLLM's
             `CPUOffloadingWorker` moves (each ref's unpadded page). With `config`:
             canonical pages when it sets `canonical_layout` (fails closed), else one host
             copy shared by the workers when it sets `replicated_layout` with several
-            workers; private direct pages otherwise."""
+            workers; private direct pages otherwise. With `rows` (the spec's, when it
+            has secondary tiers) the chunk rows of the region the scheduler's tiers
+            read and fill."""
             tensors = [(t.tensor, t.page_size_bytes) for t in kv_caches.tensors]
             refs = [
                 [(r.tensor_idx, r.page_size_bytes) for r in group]
@@ -86,7 +118,16 @@ def build_spec_classes() -> dict[str, type]:
                 "blocks_per_chunk": blocks_per_chunk,
                 "widths": host_widths(refs),
             }
-            if config is not None and config.canonical_layout:
+            if rows is not None and config is not None and num_chunks > 0:
+                # Secondary tiers: the rows the scheduler's tiers read (vLLM's layout).
+                pool, region = tiered_worker_pool(
+                    config,
+                    num_chunks=num_chunks,
+                    blocks_per_chunk=blocks_per_chunk,
+                    widths=sizes["widths"],
+                    **rows,
+                )
+            elif config is not None and config.canonical_layout:
                 pool, region = canonical_worker_pool(kv_caches, config, **sizes)
             elif (
                 config is not None
@@ -123,10 +164,16 @@ def build_spec_classes() -> dict[str, type]:
 
         @classmethod
         def build_metric_definitions(cls, extra_config: dict[str, Any]) -> dict[str, Any]:
+            tiered = _tiering_extra(extra_config)
+            if tiered is not None:  # vLLM's tiering metrics, and each tier's
+                return TieringOffloadingSpec.build_metric_definitions(tiered)
             return metric_definitions(extra_config)  # vLLM's CPU-spec metrics, then ours
 
         @classmethod
         def config_info_keys(cls, extra_config: dict[str, Any]) -> tuple[str, ...]:
+            tiered = _tiering_extra(extra_config)
+            if tiered is not None:
+                return TieringOffloadingSpec.config_info_keys(tiered)
             return CPUOffloadingInfo.config_info_keys()
 
         def __init__(self, config: Any) -> None:
@@ -140,8 +187,18 @@ def build_spec_classes() -> dict[str, type]:
             self.replicated_layout = (
                 self.offloading_config.replicated_layout and self._uses_shared_region()
             )
-            capacity = cpu_tier_capacity(
-                self.extra_config.get("cpu_bytes_to_use"),
+            self.host_tier, self._manager_error = read_host_tier(self.extra_config)
+            self.tiered = bool(self.host_tier.secondary_tiers)
+            if self.tiered and self.canonical_layout:
+                raise CanonicalWorkerError(
+                    "canonical_layout with secondary_tiers is not supported by "
+                    "JaxOffloadingSpec yet: use vLLM's TieringOffloadingSpec with our tiers "
+                    "(docs/tiers.md), or drop one of them",
+                    layer=None,
+                    reason="secondary tiers",
+                )
+            capacity = host_capacity(
+                self.host_tier,
                 # vLLM sizes nothing without workers (world_size 0): no KV bytes then.
                 worker_kv_bytes_per_block=(
                     self.offloading_config.worker_kv_bytes_per_block
@@ -154,10 +211,11 @@ def build_spec_classes() -> dict[str, type]:
             )
             self.num_chunks = capacity.num_chunks
             self.kv_bytes_per_chunk = capacity.kv_bytes_per_chunk
+            self.cpu_page_size_per_worker = capacity.cpu_page_size_per_worker
             self.cpu_info = CPUOffloadingInfo.from_config(
                 config, self.num_chunks, self.kv_bytes_per_chunk
             )
-            self.eviction_policy: str = self.extra_config.get("eviction_policy", "lru")
+            self.eviction_policy: str = self.host_tier.eviction_policy
             self._manager: Any = None
             self._worker: Any = None
 
@@ -175,21 +233,32 @@ def build_spec_classes() -> dict[str, type]:
 
         def get_manager(self) -> Any:
             if self._manager is None:
-                from jax_kvoffload.bridge._vllm_manager import store_options
-
-                store = HostStore(
+                if self._manager_error is not None:  # where vLLM reads the key
+                    raise self._manager_error
+                install_vllm_types()  # vLLM-registered policy names resolve too
+                store = build_store(
+                    self.host_tier,
                     self.num_chunks,
                     enable_events=bool(self.kv_events_config.enable_kv_cache_events),
-                    **store_options(self.extra_config, self.eviction_policy),
                 )
-                tokens = tokens_per_chunk(self.offloading_config)
-                self._manager = manager_cls(store, self.cpu_info.as_config_info(), tokens)
+                if self.tiered:
+                    from jax_kvoffload.bridge._vllm_tiering import build_tiering_manager
+
+                    self._manager = build_tiering_manager(self, store)
+                else:
+                    tokens = tokens_per_chunk(self.offloading_config)
+                    self._manager = manager_cls(store, self.cpu_info.as_config_info(), tokens)
             return self._manager
 
         def stats(self) -> Any:
             """This instance's `OffloadStats` (docs/observability.md): the store side
             if it built the manager, the transfer totals if it built the worker."""
-            return spec_stats(self._manager, self._worker, self.offloading_config, self.num_chunks)
+            # With tiers the manager is vLLM's TieringOffloadingManager: the store side
+            # is its primary tier's (our manager over the same HostStore).
+            manager = self._manager
+            if manager is not None and self.tiered:
+                manager = manager.primary_tier
+            return spec_stats(manager, self._worker, self.offloading_config, self.num_chunks)
 
         def get_worker(self, kv_caches: Any) -> Any:
             if self._worker is None:
@@ -198,8 +267,17 @@ def build_spec_classes() -> dict[str, type]:
                     blocks_per_chunk=self.blocks_per_chunk,
                     num_chunks=self.num_chunks,
                     config=self.offloading_config,
+                    rows=self._tier_rows() if self.tiered else None,
                 )
             return self._worker
+
+        def _tier_rows(self) -> dict[str, Any]:
+            """The host rows' geometry the scheduler's tiers read (vLLM's layout)."""
+            return {
+                "kv_bytes_per_chunk": self.kv_bytes_per_chunk,
+                "cpu_page_size_per_worker": self.cpu_page_size_per_worker,
+                "replicated": self.replicated_layout,
+            }
 
     return {
         "JaxOffloadingSpec": JaxOffloadingSpec,

@@ -44,6 +44,9 @@ from jax_kvoffload.config._errors import StateAlignmentError as StateAlignmentEr
 from jax_kvoffload.config._errors import TokensPerHashError as TokensPerHashError
 from jax_kvoffload.config._errors import WindowSpecError as WindowSpecError
 from jax_kvoffload.config._errors import ZeroChunkSizeError as ZeroChunkSizeError
+from jax_kvoffload.config._host_tier import HOST_POOLS as HOST_POOLS
+from jax_kvoffload.config._host_tier import HostTierConfig as HostTierConfig
+from jax_kvoffload.config._host_tier import host_tier_config as host_tier_config
 from jax_kvoffload.config._kv_cache import KVCacheConfig as KVCacheConfig
 from jax_kvoffload.config._kv_cache import KVCacheGroupRole as KVCacheGroupRole
 from jax_kvoffload.config._kv_cache import KVCacheGroupSpec as KVCacheGroupSpec
@@ -121,6 +124,10 @@ __all__ = [  # noqa: RUF022
     "HiSparseResidentSpec",
     "UniformTypeKVCacheSpecs",
     "KVQuantMode",
+    # the host tier's extra-config keys, parsed once (docs/tiers.md)
+    "host_tier_config",
+    "HostTierConfig",
+    "HOST_POOLS",
     # secondary tiers (the `secondary_tiers` extra-config key, docs/tiers.md)
     "parse_secondary_tiers",
     "secondary_tiers_from_extra_config",

@@ -136,3 +136,51 @@ def _check(ck: dict, hit_tokens: int) -> str:
         f"{verdict}: {ck['positions_compared']} suffix positions {equal} to a full "
         f"recompute; decoded tokens {decode} {ck['decoded_tokens']}"
     )
+
+
+def format_two_process(s: dict) -> str:
+    """The summary of `run_two_process`: one row per tier, the ratio last."""
+    m, sc = s["model"], s["scenario"]
+    lines = [
+        "jax-kvoffload demo: a prefix served from a secondary tier by a fresh process",
+        "",
+        f"  backend {s['backend']}; model {m['num_layers']} layers, {m['num_heads']} heads / "
+        f"{m['num_kv_heads']} KV heads x {m['head_dim']}, seed {m['seed']}; prefix "
+        f"{sc['prompt_blocks']} blocks of {sc['block_size']} tokens",
+        "",
+    ]
+    head = ("tier", "writer", "reader hit", "serve prefix", "recompute", "ratio", "logits check")
+    rows = []
+    for run in s["runs"]:
+        w, r = run["writer"], run["reader"] or {}
+        if not w.get("passed"):
+            failed = f"FAIL {w.get('error', '')}".strip()
+            rows.append((run["tier"], failed, "-", "-", "-", "-", "-"))
+            continue
+        cascaded = sum(t["cascaded"] for t in w.get("tiers", []))
+        if "ratio" not in r:
+            rows.append((run["tier"], f"{cascaded} chunks", "FAIL", "-", "-", "-",
+                         r.get("error", "no reader output")))  # fmt: skip
+            continue
+        check = "PASS" if r["passed"] else "FAIL"
+        equal = "bit-identical" if r["logits_equal"] else f"max |diff| {r['max_abs_diff']:.3g}"
+        rows.append((
+            run["tier"],
+            f"{cascaded} chunks",
+            f"{r['prefix_hit_tokens']} tokens",
+            f"{r['serve_prefix_s'] * 1e3:.1f} ms",
+            f"{r['recompute_prefix_s'] * 1e3:.1f} ms",
+            f"{r['ratio']:.2f}x",
+            f"{check}: {r['positions_compared']} positions {equal}",
+        ))  # fmt: skip
+    widths = [max(len(str(x[i])) for x in (head, *rows)) for i in range(len(head))]
+    for row in (head, *rows):
+        cells = (f"{v!s:<{w}}" for v, w in zip(row, widths, strict=True))
+        lines.append(("  " + "  ".join(cells)).rstrip())
+    lines += [
+        "",
+        "  ratio = recompute / serve: how much faster the tier served the prefix than "
+        "prefilling it",
+        f"  wall time {s['wall_s']:.1f} s; overall: {'PASS' if s['passed'] else 'FAIL'}",
+    ]
+    return "\n".join(lines)

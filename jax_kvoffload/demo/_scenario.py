@@ -44,8 +44,11 @@ class ScenarioConfig:
     blocks_per_chunk: int = 2
     kernel_backend: str = "auto"
     skip_load: bool = False
+    tiers: tuple[str, ...] = ()  # "disk:PATH" or "redis://HOST:PORT" (tier_entry)
 
     def __post_init__(self) -> None:
+        for spec in self.tiers:
+            tier_entry(spec)  # refuses a bad one now, naming it
         for name in ("block_size", "prompt_blocks", "suffix_tokens", "blocks_per_chunk"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -92,6 +95,21 @@ def check_kernel_backend(name: object) -> None:
         )
 
 
+def tier_entry(spec: str) -> dict:
+    """A `secondary_tiers` entry from a `--tier` value: `disk:PATH` (a private directory,
+    created if missing, 1 GiB budget) or a `redis://` / `rediss://` / `unix://` URL."""
+    if not isinstance(spec, str):
+        raise DemoConfigError(f"--tier {spec!r}: must be disk:PATH or redis://HOST:PORT")
+    if spec.startswith("disk:") and len(spec) > 5:
+        return {"type": "disk", "path": spec[5:], "capacity_bytes": "1GiB"}
+    if spec.split("://", 1)[0] in ("redis", "rediss", "unix") and "://" in spec:
+        return {"type": "redis", "url": spec}
+    raise DemoConfigError(
+        f"--tier {spec!r}: must be disk:PATH (a directory) or redis://HOST:PORT "
+        "(a running Redis or Valkey server)"
+    )
+
+
 def build_offloader(cfg: ScenarioConfig, num_blocks: int):
     """The `OffloadingConfig` of the demo engine and a `KVOffloader` over fresh caches."""
     from jax_kvoffload import KVOffloader
@@ -124,6 +142,7 @@ def build_offloader(cfg: ScenarioConfig, num_blocks: int):
             kv_connector_extra_config={
                 "cpu_bytes_to_use": budget,
                 "blocks_per_chunk": cfg.blocks_per_chunk,
+                **({"secondary_tiers": [tier_entry(t) for t in cfg.tiers]} if cfg.tiers else {}),
             },
             engine_id="demo",
         ),
@@ -228,6 +247,7 @@ def run_scenario(cfg: ScenarioConfig, progress: Progress | None = None) -> dict:
         stats = off.stats().since(after_warmup)
     finally:
         off.close()
+    tiers = [asdict(t) for t in off.tier_stats]  # after close: every cascade counted
 
     logits_equal = bool(np.array_equal(b_logits, r_suffix))
     decode_equal = b_tokens == r_tokens and bool(np.array_equal(b_decode, r_decode))
@@ -239,6 +259,7 @@ def run_scenario(cfg: ScenarioConfig, progress: Progress | None = None) -> dict:
         "scenario": {k: v for k, v in asdict(cfg).items() if k != "model"},
         "block_bytes": block_bytes,
         "host": host,
+        "tiers": [dict(t, spec=spec) for t, spec in zip(tiers, cfg.tiers, strict=True)],
         "requests": {
             "A_tokens": len(prefix) + cfg.tail_tokens,
             "B_tokens": len(prefix) + cfg.suffix_tokens,

@@ -37,3 +37,27 @@ def split(items: list, max_bucket: int) -> list[list]:
         out.append(items[start : start + size])
         start += size
     return out
+
+
+def store_pieces(
+    total: int, bucket: int, first_slot: int = 0, per_chunk: int | None = None
+) -> list[tuple[int, int]]:
+    """(start, blocks) of each kernel call of a store of `total` blocks.
+
+    Power-of-two buckets; with `per_chunk` (the blocks per chunk of a pool that adopts
+    its rows) one piece per whole chunk instead, so that a row never keeps a larger
+    staging array alive than itself (pieces of partial chunks, and chunks larger than
+    `bucket`, are bucketed)."""
+    if per_chunk is None:
+        out, start = [], 0
+        for n in bucket_sizes(total, bucket):
+            out.append((start, n))
+            start += n
+        return out
+    out, start = [], 0
+    while start < total:
+        n = min(total - start, per_chunk - (first_slot + start) % per_chunk)
+        for size in [n] if n == per_chunk and n <= bucket else bucket_sizes(n, bucket):
+            out.append((start, size))
+            start += size
+    return out

@@ -22,17 +22,20 @@ from jax_kvoffload.transfer._canonical import (
     plan_for_group,
 )
 from jax_kvoffload.transfer._engine import GroupCaches
-from jax_kvoffload.transfer._host_pool import HostChunkPool, HostPoolError
+from jax_kvoffload.transfer._host_pool import HostChunkPool
 from jax_kvoffload.transfer._jobs import TransferError
+from jax_kvoffload.transfer._pool_base import HostPool, HostPoolError
 
 logger = logging.getLogger(__name__)
 
 
-class CanonicalPoolView:
-    """This rank's window on a canonical `HostChunkPool` (same interface).
+class CanonicalPoolView(HostPool):
+    """This rank's window on a canonical `HostChunkPool` (a `HostPool`).
 
     Threading: as `HostChunkPool`; ranks write disjoint bytes of a row (tiling is verified
-    at registration), so several ranks may store into the same chunk concurrently.
+    at registration), so several ranks may store into the same chunk concurrently. Whole
+    rows (`chunk_row`, for secondary tiers) are the shared pool's canonical rows: every
+    rank's bytes, portable across topologies.
 
     Args:
       pool: the shared pool; `pool.bytes_per_block[g]` is the canonical block width.
@@ -58,8 +61,14 @@ class CanonicalPoolView:
     def nbytes(self) -> int:
         return self.pool.nbytes
 
-    def check_chunks(self, chunk_ids: list[int]) -> None:
-        self.pool.check_chunks(chunk_ids)
+    def chunk_row(self, group: int, chunk: int) -> np.ndarray:
+        return self.pool.chunk_row(group, chunk)
+
+    def chunk_row_for_write(self, group: int, chunk: int) -> np.ndarray:
+        return self.pool.chunk_row_for_write(group, chunk)
+
+    def row_bytes(self, group: int) -> int:
+        return self.pool.row_bytes(group)
 
     def _plan(self, group: int) -> CanonicalGroupPlan:
         try:

@@ -21,6 +21,7 @@ from jax_kvoffload.transfer._jobs import (
     check_index,
     check_indices,
 )
+from jax_kvoffload.transfer._pool_base import HostPool
 
 
 @dataclass(frozen=True)
@@ -91,3 +92,17 @@ def check_job_ids(job_ids: object, known: Callable[[int], bool]) -> list[int]:
             "in flight once"
         )
     return ids
+
+
+def describe_error(error: BaseException | str | None) -> str | None:
+    if error is None or isinstance(error, str):
+        return error
+    return f"{type(error).__name__}: {error}"
+
+
+def check_pool(pool: object) -> None:
+    if not isinstance(pool, HostPool):
+        raise KVOffloadTypeError(
+            f"pool must be a HostPool (HostChunkPool, PinnedRowPool, CanonicalPoolView, "
+            f"...), got {type(pool).__name__}"
+        )

@@ -22,7 +22,6 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
-from dataclasses import dataclass, field
 from typing import Any
 
 import jax
@@ -30,64 +29,38 @@ import numpy as np
 
 import pallas_kernels as pk
 from jax_kvoffload.errors import KVOffloadTypeError
-from jax_kvoffload.transfer._buckets import bucket_sizes
+from jax_kvoffload.transfer._buckets import bucket_sizes, store_pieces
 from jax_kvoffload.transfer._caches import (
     GroupCaches,
     check_arrays,
     check_group_caches,
 )
-from jax_kvoffload.transfer._checks import CheckedTransfer, check_job_ids, check_transfer
+from jax_kvoffload.transfer._checks import (
+    CheckedTransfer,
+    check_job_ids,
+    check_pool,
+    check_transfer,
+    describe_error,
+)
 from jax_kvoffload.transfer._interrupts import SingleCaller, deferred_interrupts
 from jax_kvoffload.transfer._jobs import (
+    DISCARDED,
     Direction,
+    EngineJob,
     GroupTransfer,
     TransferError,
     TransferResult,
     TransferStateError,
     check_index,
+    run_job,
 )
+from jax_kvoffload.transfer._pool_base import HostPool
 from jax_kvoffload.transfer._sharded_io import distinct_shards, fetch_sharded
 from jax_kvoffload.transfer._staging import HostBuffers, bucket_for, host_sharding, replicated
 
 __all__ = ["GroupCaches", "TransferEngine"]
 
 logger = logging.getLogger(__name__)
-
-DISCARDED = "discarded by the caller before it completed"
-
-
-@dataclass
-class _Job:
-    job_id: int
-    direction: Direction
-    future: Future
-    started: float
-    size_bytes: int
-    chunks: frozenset[int]
-    # Loads: (group, block ids, device staging, host buffers to give back), filled by
-    # the worker, scattered in order on the caller's thread; `applied` survives an
-    # interrupt between two pieces, so the next completion resumes where it stopped.
-    pieces: list[tuple[int, np.ndarray, Any, list[np.ndarray]]] = field(default_factory=list)
-    applied: int = 0
-    discarded: bool = False
-    ended: float | None = None  # when its worker part ended (set on the worker thread)
-
-    def mark_ended(self, _: Future) -> None:
-        self.ended = time.perf_counter()
-
-
-def _run(future: Future, after: list[Future], work: Callable[[], None]) -> None:
-    """A job's worker part: waits for the earlier jobs that share its rows, then works."""
-    if not future.set_running_or_notify_cancel():
-        return  # cancelled before it started (its submit was interrupted)
-    try:
-        if after:
-            wait_futures(after)
-        work()
-    except BaseException as exc:  # every failure, even SystemExit, ends as a failed job
-        future.set_exception(exc)
-    else:
-        future.set_result(None)
 
 
 class TransferEngine:
@@ -116,7 +89,7 @@ class TransferEngine:
     def __init__(
         self,
         caches: Mapping[int, GroupCaches],
-        pool: Any,
+        pool: HostPool,
         *,
         backend: str = "auto",
         interpret: Any = False,
@@ -133,7 +106,7 @@ class TransferEngine:
             raise TransferError(str(e)) from None
         if max_staging_bytes < 1:
             raise TransferError(f"max_staging_bytes={max_staging_bytes} must be >= 1")
-        _check_pool(pool)
+        check_pool(pool)
         if not isinstance(backend, str) or backend not in pk.BACKENDS:
             raise TransferError(f"backend must be one of {pk.BACKENDS}, got {backend!r}")
         for g, gc in self._caches.items():
@@ -158,7 +131,7 @@ class TransferEngine:
         self._threads = {
             d: ThreadPoolExecutor(1, thread_name_prefix=f"kv-{d.value}") for d in Direction
         }
-        self._pending: dict[Any, _Job] = {}  # in flight, by submission
+        self._pending: dict[Any, EngineJob] = {}  # in flight, by submission
         self._done: dict[int, TransferResult] = {}  # ended, not yet collected
         self._closing = False
         self._closed = False
@@ -200,21 +173,29 @@ class TransferEngine:
                 return
             self._register(job_id, Direction.STORE, lambda: self._write(staged), size, chunks)
 
-    def submit_load(self, job_id: int, transfers: Sequence[GroupTransfer]) -> None:
-        """Starts copying chunk rows back into the blocks; caches change on completion."""
+    def submit_load(
+        self,
+        job_id: int,
+        transfers: Sequence[GroupTransfer],
+        *,
+        after: Sequence[Future] = (),
+        check: Callable[[], None] | None = None,
+    ) -> None:
+        """Starts copying chunk rows back into the blocks; caches change on completion.
+
+        `after`: futures (e.g. promotions filling the rows) the job waits for before it
+        reads the rows; then `check()`, if given, runs on the worker and fails the job
+        by raising (e.g. a promotion that missed a key the job needs)."""
         with self._guard:
             checked = self._check(job_id, transfers, unique=True)
             plan = []  # (group, ids, transfer, first slot, staging shape)
-            size = 0
             for t in checked:
                 gc = self._caches[t.group]
                 shape = (len(gc.arrays), *gc.layout.page_shape(tuple(gc.arrays[0].shape)))
-                start = 0
-                for n in bucket_sizes(len(t.block_ids), self._bucket[t.group]):
+                for start, n in store_pieces(len(t.block_ids), self._bucket[t.group]):
                     ids = t.block_ids[start : start + n].astype(np.int32)
                     plan.append((t.group, ids, t, t.first_slot + start, (n, *shape)))
-                    start += n
-                size += len(t.block_ids) * gc.block_bytes
+            size = sum(len(t.block_ids) * self._caches[t.group].block_bytes for t in checked)
             chunks = frozenset(c for t in checked for c in t.chunk_ids)
             pieces: list[tuple[int, np.ndarray, Any, list[np.ndarray]]] = []
 
@@ -228,7 +209,14 @@ class TransferEngine:
                         buffers = []
                     pieces.append((group, ids, staged, buffers))
 
-            self._register(job_id, Direction.LOAD, fetch, size, chunks, pieces)
+            work = fetch
+            if check is not None:
+
+                def work() -> None:
+                    check()
+                    fetch()
+
+            self._register(job_id, Direction.LOAD, work, size, chunks, pieces, after)
 
     def get_finished(self) -> list[TransferResult]:
         """Results of the jobs that ended since the last call; never blocks."""
@@ -352,8 +340,7 @@ class TransferEngine:
         staged = []  # (group, transfer, first slot, host array)
         for t in transfers:
             gc = self._caches[t.group]
-            start = 0
-            for n in bucket_sizes(len(t.block_ids), self._bucket[t.group]):
+            for start, n in self._store_pieces(t):
                 ids = t.block_ids[start : start + n].astype(np.int32)
                 staging = pk.gather_blocks(gc.arrays, ids, layout=gc.layout, **self._kernel_kw)
                 # On CPU the device array already is host memory: numpy reads it in
@@ -361,8 +348,11 @@ class TransferEngine:
                 sharding = None if self._on_cpu[t.group] else host_sharding(staging)
                 host = staging if sharding is None else jax.device_put(staging, sharding)
                 staged.append((t.group, t, t.first_slot + start, host))
-                start += n
         return staged
+
+    def _store_pieces(self, t: CheckedTransfer) -> list[tuple[int, int]]:
+        per_chunk = self._pool.blocks_per_chunk if self._pool.adopts_rows else None
+        return store_pieces(len(t.block_ids), self._bucket[t.group], t.first_slot, per_chunk)
 
     def _register(
         self,
@@ -372,6 +362,7 @@ class TransferEngine:
         size: int,
         chunks: frozenset[int],
         pieces: list | None = None,
+        waits: Sequence[Future] = (),
     ) -> None:
         """Queues a job's worker part; the job is registered iff this returns."""
         after = [
@@ -379,8 +370,9 @@ class TransferEngine:
             for j in self._pending.values()
             if j.direction is not direction and not chunks.isdisjoint(j.chunks)
         ]
+        after += waits
         future: Future = Future()
-        job = _Job(
+        job = EngineJob(
             job_id,
             direction,
             future,
@@ -393,7 +385,7 @@ class TransferEngine:
         with deferred_interrupts():
             self._pending[job_id] = job
             try:
-                self._threads[direction].submit(_run, future, after, work)
+                self._threads[direction].submit(run_job, future, after, work)
             except BaseException as exc:
                 if not future.cancel():
                     raise  # it runs already: it stays in flight and is reported (`knows`)
@@ -407,7 +399,7 @@ class TransferEngine:
     def _register_failed(self, job_id: int, direction: Direction, error: Exception, size: int):
         future: Future = Future()
         future.set_exception(error)
-        self._pending[job_id] = _Job(
+        self._pending[job_id] = EngineJob(
             job_id, direction, future, time.perf_counter(), size, frozenset()
         )
 
@@ -415,7 +407,7 @@ class TransferEngine:
 
     def _write(self, staged: list[tuple[int, CheckedTransfer, int, Any]]) -> None:
         for group, t, first, host in staged:
-            shards = distinct_shards(host) if hasattr(self._pool, "move_shards") else None
+            shards = distinct_shards(host) if self._pool.moves_shards else None
             if shards is not None:
                 self._pool.move_shards(
                     group, t.chunk_ids, first, host.shape, host.dtype, shards, store=True
@@ -434,7 +426,7 @@ class TransferEngine:
         # Sharded caches take their staging sharded like their page axes: each device
         # receives only its shard, read from the rows straight into its own buffer.
         sharding = pk.staging_sharding(gc.arrays, gc.layout)
-        if sharding is not None and hasattr(self._pool, "move_shards"):
+        if sharding is not None and self._pool.moves_shards:
 
             def read(shards):
                 self._pool.move_shards(group, t.chunk_ids, first, shape, dtype, shards, store=False)
@@ -450,7 +442,7 @@ class TransferEngine:
 
     # -- internals: completing (caller's thread) --------------------------------------
 
-    def _complete(self, job: _Job) -> None:
+    def _complete(self, job: EngineJob) -> None:
         """Ends a job whose worker part is done: scatters a load, records the result.
 
         An interrupt inside a scatter leaves the job in flight with its progress kept;
@@ -480,13 +472,13 @@ class TransferEngine:
             success=error is None,
             size_bytes=job.size_bytes,
             seconds=ended - job.started,
-            error=_describe(error),
+            error=describe_error(error),
         )
         with deferred_interrupts():
             del self._pending[job.job_id]
             self._done[job.job_id] = result
 
-    def _scatter(self, job: _Job) -> Exception | None:
+    def _scatter(self, job: EngineJob) -> Exception | None:
         try:
             while job.applied < len(job.pieces):
                 group, ids, staging, buffers = job.pieces[job.applied]
@@ -507,19 +499,3 @@ class TransferEngine:
         except Exception as exc:  # reported as a failed job, never dropped
             return exc
         return None
-
-
-def _describe(error: BaseException | str | None) -> str | None:
-    if error is None or isinstance(error, str):
-        return error
-    return f"{type(error).__name__}: {error}"
-
-
-def _check_pool(pool: object) -> None:
-    bpb = getattr(pool, "bytes_per_block", None)
-    bpc = getattr(pool, "blocks_per_chunk", None)
-    if not isinstance(bpb, Mapping) or not isinstance(bpc, int) or bpc < 1:
-        raise KVOffloadTypeError(
-            f"pool must be a HostChunkPool (or a view with the same interface), got "
-            f"{type(pool).__name__}"
-        )

@@ -12,25 +12,26 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from jax_kvoffload.errors import KVOffloadTypeError, KVOffloadValueError
-from jax_kvoffload.transfer._jobs import check_index, check_indices
+from jax_kvoffload.errors import KVOffloadTypeError
+from jax_kvoffload.transfer._jobs import check_index
+from jax_kvoffload.transfer._pool_base import HostPool, HostPoolError
 from jax_kvoffload.transfer._strided import copy_rows
 
-
-class HostPoolError(KVOffloadValueError):
-    """A chunk id or row is outside the pool."""
+__all__ = ["HostChunkPool", "HostPoolError"]
 
 
-class HostChunkPool:
-    """`num_chunks` rows per group of raw bytes (numpy uint8, host memory).
+class HostChunkPool(HostPool):
+    """`num_chunks` rows per group of raw bytes (numpy uint8, host memory), allocated
+    once: every store copies its blocks into them (one host copy after the D2H).
 
     With `buffer` (a 1-D uint8 array of at least `nbytes_for(...)` bytes, e.g. a
     `SharedHostRegion`) the rows are views of it instead of fresh memory.
 
-    Threading: rows are plain memory; the transfer engine guarantees that a row is never
-    written by a store while a load reads it (the manager pins loading chunks and never
-    hands a pinned or in-flight chunk to a new store).
+    Threading and buffers: the `HostPool` contract (rows are plain memory; `write_blocks`
+    copies its data).
     """
+
+    moves_shards = True
 
     def __init__(
         self,
@@ -105,32 +106,19 @@ class HostChunkPool:
                 f"group {group} has no host rows; groups are {sorted(self._rows)}"
             ) from None
 
-    def check_chunks(self, chunk_ids: list[int]) -> None:
-        ids = check_indices("chunk_ids", chunk_ids)
-        bad = ids[(ids < 0) | (ids >= self.num_chunks)].tolist()
-        if bad:
-            raise HostPoolError(f"chunk ids {bad[:8]} are outside [0, {self.num_chunks})")
+    def chunk_row(self, group: int, chunk: int) -> np.ndarray:
+        """The row itself (a view)."""
+        return self.rows(group)[self._chunk(chunk)]
 
-    def slots(self, chunk_ids: list[int], first: int, n: int) -> np.ndarray:
-        """Rows of `flat(group)` holding `n` consecutive blocks from slot `first` of
-        `chunk_ids[0]`: block k is slot (first + k) % bpc of chunk
-        chunk_ids[(first + k) // bpc] (also its canonical page id)."""
-        bpc = self.blocks_per_chunk
-        ids = check_indices("chunk_ids", chunk_ids)
-        first, n = check_index("first", first), check_index("n", n)
-        # Checked here because numpy would read a negative index from the end: a write
-        # would land silently in another chunk's row.
-        if first < 0 or n < 0 or first + n > ids.size * bpc:
-            raise HostPoolError(
-                f"{n} blocks from slot {first} do not fit the {ids.size} chunk(s) given "
-                f"({bpc} slots each); need 0 <= first and first + n <= {ids.size * bpc}"
-            )
-        k = np.arange(first, first + n)
-        chunks = ids[k // bpc]
-        if chunks.size and (chunks.min() < 0 or chunks.max() >= self.num_chunks):
-            bad = chunks[(chunks < 0) | (chunks >= self.num_chunks)]
-            raise HostPoolError(f"chunk ids {bad[:8].tolist()} are outside [0, {self.num_chunks})")
-        return chunks * bpc + k % bpc
+    def chunk_row_for_write(self, group: int, chunk: int) -> np.ndarray:
+        """The row itself (a view): filling it stores the chunk."""
+        return self.rows(group)[self._chunk(chunk)]
+
+    def _chunk(self, chunk: object) -> int:
+        c = check_index("chunk", chunk)
+        if not 0 <= c < self.num_chunks:
+            raise HostPoolError(f"chunk {c} is outside [0, {self.num_chunks})")
+        return c
 
     def flat(self, group: int) -> np.ndarray:
         """The group's rows as `[num_chunks * blocks_per_chunk, bytes_per_block]` (a view)."""

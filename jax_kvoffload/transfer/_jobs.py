@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import enum
 import operator
-from collections.abc import Sequence
-from dataclasses import dataclass
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from concurrent.futures import wait as wait_futures
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -14,11 +18,19 @@ from jax_kvoffload.errors import (
     KVOffloadTypeError,
     KVOffloadValueError,
 )
+from jax_kvoffload.transfer._medium import Medium, TransferPath
 
 
 class Direction(enum.Enum):
     STORE = "store"  # device -> host
     LOAD = "load"  # host -> device
+
+    @property
+    def path(self) -> TransferPath:
+        """The media this direction moves bytes between."""
+        if self is Direction.STORE:
+            return TransferPath(Medium.DEVICE, Medium.HOST)
+        return TransferPath(Medium.HOST, Medium.DEVICE)
 
 
 @dataclass(frozen=True)
@@ -46,6 +58,11 @@ class TransferResult:
     size_bytes: int
     seconds: float
     error: str | None = None
+
+    @property
+    def path(self) -> TransferPath:
+        """device -> host (a store) or host -> device (a load)."""
+        return self.direction.path
 
 
 class TransferError(KVOffloadValueError):
@@ -113,3 +130,42 @@ def _is_int(value: object) -> bool:
 def _short(value: object) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+# -- the transfer engine's own records (jax_kvoffload/transfer/_engine.py) ---------------
+
+DISCARDED = "discarded by the caller before it completed"
+
+
+@dataclass
+class EngineJob:
+    job_id: int
+    direction: Direction
+    future: Future
+    started: float
+    size_bytes: int
+    chunks: frozenset[int]
+    # Loads: (group, block ids, device staging, host buffers to give back), filled by
+    # the worker, scattered in order on the caller's thread; `applied` survives an
+    # interrupt between two pieces, so the next completion resumes where it stopped.
+    pieces: list[tuple[int, np.ndarray, Any, list[np.ndarray]]] = field(default_factory=list)
+    applied: int = 0
+    discarded: bool = False
+    ended: float | None = None  # when its worker part ended (set on the worker thread)
+
+    def mark_ended(self, _: Future) -> None:
+        self.ended = time.perf_counter()
+
+
+def run_job(future: Future, after: list[Future], work: Callable[[], None]) -> None:
+    """A job's worker part: waits for the earlier jobs that share its rows, then works."""
+    if not future.set_running_or_notify_cancel():
+        return  # cancelled before it started (its submit was interrupted)
+    try:
+        if after:
+            wait_futures(after)
+        work()
+    except BaseException as exc:  # every failure, even SystemExit, ends as a failed job
+        future.set_exception(exc)
+    else:
+        future.set_result(None)

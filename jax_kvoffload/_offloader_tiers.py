@@ -1,0 +1,459 @@
+"""The secondary-tier path of `KVOffloader`: cascades, promotions, and their counters.
+
+vLLM 0.33.0's tiering semantics (`vllm/v1/kv_offload/tiering/manager.py`), for one
+process that is scheduler and worker at once:
+
+- **Cascade** (host -> tier): when a device -> host store completes, its chunks are
+  pinned once per tier without counting as an access (vLLM's `prepare_read`) and
+  handed to every tier; the pins go when the tier's job ends. A tier that cannot take
+  the job now drops it (its `max_pending_store_bytes`, a server down): counted, never
+  waited for.
+- **Promotion** (tier -> host): a tier hit gets a write-pending host chunk
+  (`prepare_store`, vLLM's `prepare_write`) that the tier fills; when the tier's job
+  ends the chunk becomes readable, or is freed for the keys that missed.
+- **Lookups** ask the tiers in order for keys the host lacks (bounded calls).
+- **Reset / close** first let every tier job end (`drain`, bounded by the tiers' own
+  timeouts): no tier thread touches a host row the store has forgotten. After a reset,
+  promotions wait until the transfer jobs started before it have ended (vLLM's
+  `_promotions_held`): one of them may still read or write a freed row.
+
+Everything here runs on the offloader's caller thread, under its guard; the tiers'
+threads only move bytes and complete futures.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from concurrent.futures import wait as wait_futures
+from dataclasses import dataclass, field, fields
+
+from jax_kvoffload.errors import KVOffloadStateError
+from jax_kvoffload.store import HostStore, LookupResult
+from jax_kvoffload.tiers import SecondaryTier, TierJobResult
+from jax_kvoffload.transfer import HostPool, Medium, TransferPath
+from jax_kvoffload.transfer.internals import deferred_interrupts
+
+__all__ = ["PromotionMissError", "TierPath", "TierPathStats", "prefix_chunks"]
+
+logger = logging.getLogger(__name__)
+
+_DRAIN_STEP_S = 0.1  # drain in short waits: an interrupt is seen between them
+
+
+class PromotionMissError(KVOffloadStateError):
+    """A key a load waited for missed its promotion (the load job fails: recompute)."""
+
+
+@dataclass(frozen=True)
+class TierPathStats:
+    """Counters of one tier as seen from the offloader (since it was built).
+
+    Keys are chunks (one offload key each); bytes are payload bytes; seconds are the
+    summed wall time of the tier's jobs from submission to completion.
+
+    Attributes:
+      tier: the tier's index in `secondary_tiers`; medium: "disk" or "remote".
+      cascade_path / promotion_path: e.g. "host->disk" / "disk->host".
+      cascaded: keys stored in the tier; cascade_dropped: keys the tier refused
+        (backpressure, server down); cascade_failed: keys whose store failed.
+      promoted: keys loaded into host chunks; promotion_failed: keys that missed or
+        failed a check on the way (their host chunks were freed).
+      promotion_no_room: promotions refused because the host store had no free or
+        evictable chunk.
+      lookups / lookup_hits: keys asked for, and found.
+    """
+
+    tier: int
+    medium: str
+    cascade_path: str
+    promotion_path: str
+    cascade_jobs: int = 0
+    cascaded: int = 0
+    cascade_dropped: int = 0
+    cascade_failed: int = 0
+    cascade_bytes: int = 0
+    cascade_seconds: float = 0.0
+    promotion_jobs: int = 0
+    promoted: int = 0
+    promotion_failed: int = 0
+    promotion_no_room: int = 0
+    promotion_bytes: int = 0
+    promotion_seconds: float = 0.0
+    lookups: int = 0
+    lookup_hits: int = 0
+
+
+@dataclass
+class _TierJob:
+    tier: int
+    group: int
+    keys: list[bytes]
+    generation: int
+    future: Future[TierJobResult]
+    promotion: bool
+    # Promotions: the host chunk of each key, and the load jobs (offloader ids)
+    # waiting for keys; each gets its keys pinned for it when the promotion is recorded.
+    chunks: dict[bytes, int] = field(default_factory=dict)
+    holders: dict[int, list[bytes]] = field(default_factory=dict)
+    steps: set[str] = field(default_factory=set)  # store calls of `_finish` already made
+
+
+class TierPath:
+    """Cascades and promotions between a `HostStore` + `HostPool` and its tiers.
+
+    Args:
+      tiers: the tiers, in lookup order (the first holding a key serves it).
+      store, pool: the host tier (the offloader's).
+      pin: called with (load job id, keys) when a promotion a load waits for has made
+        its keys readable and pinned them for that load (the offloader records them).
+    """
+
+    def __init__(
+        self,
+        tiers: Sequence[SecondaryTier],
+        store: HostStore,
+        pool: HostPool,
+        pin: Callable[[int, list[bytes]], None],
+    ) -> None:
+        self.tiers = tuple(tiers)
+        self._store = store
+        self._pool = pool
+        self._pin = pin
+        self._jobs: list[_TierJob] = []
+        self._pending: dict[bytes, _TierJob] = {}  # key -> its promotion in flight
+        self._held_until: Callable[[], bool] | None = None
+        self._orphans: list[tuple[int, str, list[bytes]]] = []  # (generation, kind, keys)
+        self._counts = [
+            {f.name: 0 for f in fields(TierPathStats) if f.default == 0} for _ in self.tiers
+        ]
+
+    # -- queries ------------------------------------------------------------------------
+
+    def stats(self) -> tuple[TierPathStats, ...]:
+        out = []
+        for i, tier in enumerate(self.tiers):
+            medium = Medium(tier.medium)
+            out.append(
+                TierPathStats(
+                    tier=i,
+                    medium=medium.value,
+                    cascade_path=str(TransferPath(Medium.HOST, medium)),
+                    promotion_path=str(TransferPath(medium, Medium.HOST)),
+                    **self._counts[i],
+                )
+            )
+        return tuple(out)
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._jobs)
+
+    def promotion_of(self, key: bytes) -> _TierJob | None:
+        """The promotion in flight for `key`, if any."""
+        return self._pending.get(key)
+
+    def host_state(self, key: bytes) -> LookupResult:
+        """The host's answer for `key`, without counting a lookup in the store's stats
+        (the offloader's own checks are not the engine's lookups)."""
+        chunk = self._store.policy.get(key)
+        if chunk is None:
+            return LookupResult.MISS
+        return LookupResult.HIT if chunk.ref_cnt >= 0 else LookupResult.HIT_PENDING
+
+    def promotions_held(self) -> bool:
+        """Whether promotions wait for transfer jobs older than the last reset."""
+        if self._held_until is not None and not self._held_until():
+            return True
+        self._held_until = None
+        return False
+
+    def hold_promotions(self, until: Callable[[], bool]) -> None:
+        """No promotion starts before `until()` is true (after a reset)."""
+        self._held_until = until
+
+    # -- lookups --------------------------------------------------------------------------
+
+    def locate(self, keys: Sequence[bytes]) -> list[int | None]:
+        """For each key, the index of the first tier holding it now, or None."""
+        where: list[int | None] = [None] * len(keys)
+        todo = list(range(len(keys)))
+        for t, tier in enumerate(self.tiers):
+            if not todo:
+                break
+            try:
+                found = tier.contains([keys[i] for i in todo])
+            except Exception:  # a tier that cannot answer has nothing (logged)
+                logger.exception("secondary tier %d: lookup failed", t)
+                found = [False] * len(todo)
+            self._counts[t]["lookups"] += len(todo)
+            self._counts[t]["lookup_hits"] += sum(found)
+            for i, hit in zip(todo, found, strict=True):
+                if hit:
+                    where[i] = t
+            todo = [i for i, hit in zip(todo, found, strict=True) if not hit]
+        return where
+
+    def lookup(self, group: int, keys: list[bytes], window: int | None, wait: bool) -> int:
+        """Chunks loadable now from the host, after promoting the tiers' hits.
+
+        Counts the longest prefix (`prefix_chunks`) present in the host, in a promotion
+        in flight, or in a tier; promotes the tier hits the load of that prefix needs
+        (keeping its host hits from being evicted for them); with `wait`, waits for those
+        promotions and counts again from the host alone. Without `wait` the host's
+        count now: promotions finish in the background and a later lookup sees them.
+        """
+        store = self._store
+        state = [store.lookup(k) for k in keys]
+        host = [s is LookupResult.HIT for s in state]
+        promoting = [s is LookupResult.HIT_PENDING and k in self._pending for s, k in
+                     zip(state, keys, strict=True)]  # fmt: skip
+        tier_of: list[int | None] = [None] * len(keys)
+        if not self.promotions_held():
+            misses = [i for i, s in enumerate(state) if s is LookupResult.MISS]
+            for i, t in zip(misses, self.locate([keys[i] for i in misses]), strict=True):
+                tier_of[i] = t
+        present = [h or p or t is not None for h, p, t in
+                   zip(host, promoting, tier_of, strict=True)]  # fmt: skip
+        n = prefix_chunks(present, window)
+        need = range(0 if window is None else max(0, n - window), n)
+        fetch = [i for i in need if tier_of[i] is not None]
+        self.promote(
+            group,
+            [keys[i] for i in fetch],
+            [tier_of[i] for i in fetch],
+            protect=[keys[i] for i in need if host[i]],
+        )
+        if not wait:
+            return prefix_chunks(host, window)
+        jobs = {id(j): j for i in need if (j := self._pending.get(keys[i])) is not None}
+        self.wait(list(jobs.values()))
+        for i in need:
+            if not host[i]:
+                host[i] = self.host_state(keys[i]) is LookupResult.HIT
+        return prefix_chunks(host, window)
+
+    # -- cascades -------------------------------------------------------------------------
+
+    def cascade(self, group: int, keys: list[bytes]) -> None:
+        """Hands the chunks of a completed store to every tier (pinned meanwhile)."""
+        store = self._store
+        for t, tier in enumerate(self.tiers):
+            with deferred_interrupts():  # the pins and the job's record go together
+                chunks = store.prepare_load(keys)  # vLLM's prepare_read: no access recorded
+                try:
+                    rows = [self._pool.chunk_row(group, c) for c in chunks]
+                    items = list(zip(keys, rows, strict=True))
+                    future = tier.submit_store(items)
+                except BaseException as exc:
+                    self._counts[t]["cascade_failed"] += len(keys)
+                    self._orphans.append((store.cache_generation, "unpin", keys))
+                    self._settle_orphans()  # no job: no pins either
+                    if not isinstance(exc, Exception):
+                        raise
+                    logger.exception("secondary tier %d: cascade of %d keys failed", t, len(keys))
+                    continue
+                self._jobs.append(
+                    _TierJob(t, group, keys, store.cache_generation, future, promotion=False)
+                )
+                self._counts[t]["cascade_jobs"] += 1
+
+    # -- promotions -----------------------------------------------------------------------
+
+    def promote(
+        self, group: int, keys: list[bytes], tier_of: list[int], protect: list[bytes]
+    ) -> list[bytes]:
+        """Starts loading `keys` from their tiers into new host chunks.
+
+        `protect`: keys the caller counts on staying in the host (offered alongside, so
+        this allocation never evicts them). Returns the keys whose promotion started.
+        """
+        if not keys:
+            return []
+        store = self._store
+        with deferred_interrupts():
+            out = store.prepare_store([*protect, *keys])
+            if out is None:  # no room: these keys stay where they are
+                for t in set(tier_of):
+                    self._counts[t]["promotion_no_room"] += sum(1 for x in tier_of if x == t)
+                return []
+            chunk_of = dict(zip(out.keys_to_store, out.chunk_ids, strict=True))
+            unsent = dict.fromkeys(out.keys_to_store)  # allocated, not yet with a tier
+            started: list[bytes] = []
+            try:
+                for t in sorted(set(tier_of)):
+                    mine = [k for k, x in zip(keys, tier_of, strict=True) if x == t and k in unsent]
+                    if mine:
+                        started += self._submit_promotion(t, group, mine, chunk_of)
+                        for k in mine:
+                            del unsent[k]
+            finally:
+                if unsent:  # an interrupt: free what no tier will fill
+                    self._orphans.append((store.cache_generation, "free", list(unsent)))
+                    self._settle_orphans()
+            return started
+
+    def _submit_promotion(
+        self, t: int, group: int, keys: list[bytes], chunk_of: dict[bytes, int]
+    ) -> list[bytes]:
+        """Hands `keys` (write-pending chunks) to tier `t`; on failure frees them."""
+        store = self._store
+        try:
+            items = [(k, self._pool.chunk_row_for_write(group, chunk_of[k])) for k in keys]
+            future = self.tiers[t].submit_load(items)
+        except Exception:
+            store.complete_store(keys, success=False)
+            self._counts[t]["promotion_failed"] += len(keys)
+            logger.exception("secondary tier %d: promotion of %d keys failed", t, len(keys))
+            return []
+        job = _TierJob(t, group, keys, store.cache_generation, future, promotion=True)
+        job.chunks = {k: chunk_of[k] for k in keys}
+        self._jobs.append(job)
+        self._counts[t]["promotion_jobs"] += 1
+        for k in keys:
+            self._pending[k] = job
+        return list(keys)
+
+    def hold(self, job: _TierJob, load_id: int, keys: list[bytes]) -> None:
+        """Load `load_id` waits for `keys` of promotion `job` (pinned for it at the end)."""
+        job.holders.setdefault(load_id, []).extend(keys)
+
+    def release_holder(self, load_id: int) -> None:
+        """Load `load_id` ended before its promotions: they no longer pin for it."""
+        for job in self._jobs:
+            job.holders.pop(load_id, None)
+
+    @staticmethod
+    def check_loaded(jobs: Sequence[tuple[_TierJob, list[bytes]]]) -> None:
+        """Raises if one of the keys a load needs missed its promotion (worker thread)."""
+        for job, keys in jobs:
+            result = job.future.result()
+            ok = dict(zip(result.keys, result.ok, strict=True))
+            missed = [k for k in keys if not ok.get(k)]
+            if missed:
+                raise PromotionMissError(
+                    f"{len(missed)} chunk(s) missed in secondary tier {job.tier} on the way "
+                    "to the host (evicted or found corrupt since the lookup): recompute them"
+                )
+
+    # -- completion -----------------------------------------------------------------------
+
+    def process(self, only: Sequence[_TierJob] | None = None) -> None:
+        """Records every tier job that has ended (or those of `only` that have)."""
+        with deferred_interrupts():
+            self._settle_orphans()
+        for job in list(self._jobs if only is None else only):
+            if job.future.done() and job in self._jobs:
+                with deferred_interrupts():
+                    self._finish(job)
+                    self._jobs.remove(job)
+
+    def wait(self, jobs: Sequence[_TierJob] | None = None, timeout: float | None = None) -> bool:
+        """Waits (interruptibly) for tier jobs to end, then records them; False on timeout."""
+        targets = list(self._jobs if jobs is None else jobs)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            pending = [j.future for j in targets if not j.future.done()]
+            if not pending:
+                break
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                self.process(targets)
+                return False
+            step = _DRAIN_STEP_S if left is None else min(left, _DRAIN_STEP_S)
+            wait_futures(pending, timeout=step)
+        self.process(targets)
+        return True
+
+    def drain(self) -> None:
+        """Waits for every tier job (reset, close): bounded by the tiers' own timeouts."""
+        self.wait()
+
+    def close(self, own: bool) -> None:
+        """Ends the path: every job recorded; the tiers closed when `own`."""
+        self.drain()
+        if own:
+            for tier in self.tiers:
+                tier.close()
+
+    def _finish(self, job: _TierJob) -> None:
+        """Records one ended tier job in the store, step by step: each store call is
+        marked done when it returned, so a call interrupted before it ran is made again
+        by the next `process` and none twice."""
+        try:
+            result = job.future.result()
+        except BaseException as exc:  # a tier must not raise into a job; count it
+            logger.warning("secondary tier %d: job failed: %r", job.tier, exc)
+            result = TierJobResult(
+                "load" if job.promotion else "store", tuple(job.keys), (False,) * len(job.keys)
+            )
+        current = job.generation == self._store.cache_generation
+        ok = dict(zip(result.keys, result.ok, strict=True))
+        good = [k for k in job.keys if ok.get(k)]
+        bad = [k for k in job.keys if not ok.get(k)]
+        if "counted" not in job.steps:
+            self._count(job, result, len(good), len(bad))
+            job.steps.add("counted")
+        if not job.promotion:
+            if current and "unpinned" not in job.steps:
+                self._store.complete_load(job.keys)  # the cascade's pins
+                job.steps.add("unpinned")
+            return
+        for k in job.keys:
+            if self._pending.get(k) is job:
+                del self._pending[k]
+        if not current:
+            return  # a reset forgot these chunks (and the loads' pins with them)
+        if bad and "freed" not in job.steps:
+            self._store.complete_store(bad, success=False)
+            job.steps.add("freed")
+        if good and "stored" not in job.steps:
+            self._store.complete_store(good, success=True)
+            job.steps.add("stored")
+        for load_id, keys in list(job.holders.items()):
+            mine = [k for k in keys if ok.get(k)]
+            if mine:
+                self._store.prepare_load(mine)
+                self._pin(load_id, mine)
+            del job.holders[load_id]
+
+    def _count(self, job: _TierJob, result: TierJobResult, good: int, bad: int) -> None:
+        counts = self._counts[job.tier]
+        if not job.promotion:
+            if result.dropped:
+                counts["cascade_dropped"] += len(job.keys)
+            else:
+                counts["cascaded"] += good
+                counts["cascade_failed"] += bad
+            counts["cascade_bytes"] += result.nbytes
+            counts["cascade_seconds"] += result.seconds
+            return
+        counts["promoted"] += good
+        counts["promotion_failed"] += bad
+        counts["promotion_bytes"] += result.nbytes
+        counts["promotion_seconds"] += result.seconds
+
+    def _settle_orphans(self) -> None:
+        """Store calls an interrupt kept from running (a job that never reached its
+        tier): unpins and frees, made now, unless a reset forgot the chunks since."""
+        while self._orphans:
+            generation, kind, keys = self._orphans[0]
+            if generation == self._store.cache_generation:
+                if kind == "unpin":
+                    self._store.complete_load(keys)
+                else:
+                    self._store.complete_store(keys, success=False)
+            self._orphans.pop(0)
+
+
+def prefix_chunks(present: Sequence[bool], window: int | None) -> int:
+    """The longest loadable prefix, in chunks: every chunk of it present (full
+    attention), or its last `window` chunks (a sliding window of that many chunks)."""
+    if window is None:
+        return next((i for i, hit in enumerate(present) if not hit), len(present))
+    for end in range(len(present), 0, -1):
+        if all(present[max(0, end - window) : end]):
+            return end
+    return 0

@@ -1,0 +1,148 @@
+"""Builds the host tier from one `HostTierConfig`: the store, the pool and the tiers.
+
+`KVOffloader` (one process: all three) and `JaxOffloadingSpec` (vLLM: the store and
+the tiers on the scheduler side, the pool on each worker) size and build them here, so
+both read the extra config once (`jax_kvoffload.config.host_tier_config`) and apply the
+same rules: capacity as vLLM's CPU tier (`cpu_tier_capacity`), the store's options as
+vLLM's `CPUOffloadingSpec.get_manager` passes them, the tiers in the namespace of the
+engine's `OffloadingConfig`.
+
+Sits above `store`, `transfer` and `tiers` (which never import each other).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from jax_kvoffload.config import (
+    DiskTierConfig,
+    HostTierConfig,
+    OffloadingConfig,
+    RedisTierConfig,
+    TierConfigError,
+)
+from jax_kvoffload.store import CPUTierCapacity, HostStore, cpu_tier_capacity
+from jax_kvoffload.tiers import SecondaryTier, namespace_digest, namespace_fields, open_tier
+from jax_kvoffload.transfer import HostChunkPool, HostPool, PinnedRowPool
+
+__all__ = [
+    "HostTierParts",
+    "assemble_host_tier",
+    "build_pool",
+    "build_store",
+    "host_capacity",
+    "open_tiers",
+]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class HostTierParts:
+    """What `assemble_host_tier` built: close `tiers` when done (the rest is memory)."""
+
+    host: HostTierConfig
+    capacity: CPUTierCapacity
+    store: HostStore
+    pool: HostPool
+    tiers: tuple[SecondaryTier, ...]
+
+
+def host_capacity(
+    host: HostTierConfig,
+    *,
+    worker_kv_bytes_per_block: int,
+    blocks_per_chunk: int,
+    world_size: int,
+    replicated_layout: bool,
+) -> CPUTierCapacity:
+    """The host tier's geometry from the byte budget, as vLLM's `CPUOffloadingSpec`."""
+    return cpu_tier_capacity(
+        host.cpu_bytes_to_use,
+        worker_kv_bytes_per_block=worker_kv_bytes_per_block,
+        blocks_per_chunk=blocks_per_chunk,
+        world_size=world_size,
+        replicated_layout=replicated_layout,
+    )
+
+
+def build_store(host: HostTierConfig, num_chunks: int, *, enable_events: bool) -> HostStore:
+    """The `HostStore`, with the options vLLM's `CPUOffloadingSpec.get_manager` passes."""
+    return HostStore(num_chunks, enable_events=enable_events, **host.store_kwargs())
+
+
+def build_pool(
+    host: HostTierConfig, num_chunks: int, bytes_per_block: Mapping[int, int], blocks_per_chunk: int
+) -> HostPool:
+    """The host pool `host.host_pool` names, sized for the store's chunks."""
+    if host.host_pool == "pinned":
+        return PinnedRowPool(num_chunks, bytes_per_block, blocks_per_chunk)
+    return HostChunkPool(num_chunks, bytes_per_block, blocks_per_chunk)
+
+
+def open_tiers(
+    config: OffloadingConfig, host: HostTierConfig, *, rank: int | None = None
+) -> tuple[SecondaryTier, ...]:
+    """Our tiers of `host.secondary_tiers`, in order, in the config's namespace.
+
+    `rank=None`: a payload holds every worker's bytes of a chunk (one JAX process
+    driving the whole mesh; vLLM's scheduler-side rows). vLLM's own tier types only
+    vLLM builds: `JaxOffloadingSpec` hands those to vLLM's tier factory instead.
+    If one tier cannot be opened, those opened before it are closed again.
+    """
+    namespace = namespace_digest(config, rank=rank)
+    describe = namespace_fields(config, rank=rank)
+    opened: list[SecondaryTier] = []
+    try:
+        for i, tier in enumerate(host.secondary_tiers):
+            if not isinstance(tier, (DiskTierConfig, RedisTierConfig)):
+                raise TierConfigError(
+                    f"secondary_tiers[{i}]",
+                    "type",
+                    tier.type,
+                    "is a tier only vLLM's tiering manager can build (a JAX engine "
+                    'opens "disk" and "redis" tiers); use one of those here',
+                )
+            opened.append(open_tier(tier, namespace, describe=describe))
+            logger.info("secondary tier %d: %s", i, type(opened[-1]).__name__)
+    except BaseException:
+        for tier in reversed(opened):
+            tier.close()
+        raise
+    return tuple(opened)
+
+
+def assemble_host_tier(
+    config: OffloadingConfig,
+    host: HostTierConfig,
+    *,
+    bytes_per_block: Mapping[int, int],
+    worker_kv_bytes_per_block: int,
+    world_size: int = 1,
+    replicated_layout: bool = False,
+    enable_events: bool = False,
+    tiers: tuple[SecondaryTier, ...] | None = None,
+) -> HostTierParts:
+    """Store + pool + tiers for one process that is both scheduler and worker.
+
+    Args:
+      config: the boundary (its namespace keys the tiers' entries).
+      host: the parsed host-tier keys (`host_tier_config(config.extra_config)`).
+      bytes_per_block: group -> bytes per block of the pool's rows.
+      worker_kv_bytes_per_block, world_size, replicated_layout: the capacity's inputs.
+      enable_events: the store records KV events.
+      tiers: tiers already opened (used instead of opening `host.secondary_tiers`).
+    """
+    capacity = host_capacity(
+        host,
+        worker_kv_bytes_per_block=worker_kv_bytes_per_block,
+        blocks_per_chunk=config.cache.blocks_per_chunk,
+        world_size=world_size,
+        replicated_layout=replicated_layout,
+    )
+    store = build_store(host, capacity.num_chunks, enable_events=enable_events)
+    pool = build_pool(host, store.num_chunks, bytes_per_block, config.cache.blocks_per_chunk)
+    opened = open_tiers(config, host) if tiers is None else tuple(tiers)
+    return HostTierParts(host=host, capacity=capacity, store=store, pool=pool, tiers=opened)

@@ -1,0 +1,200 @@
+"""Two engine processes in turn over a secondary tier: the second serves the first's prefix.
+
+`jax-kvoffload demo --tier T --two-process` runs, for each tier T given:
+
+1. **writer** (a fresh process): prefills request A (`prompt_blocks` full blocks plus a
+   tail), stores its full blocks through the `KVOffloader`, whose host store cascades
+   them into the tier; `flush_tiers()` and `close()` before it exits.
+2. **reader** (another fresh process: empty host memory, its own device caches): after
+   a warm-up that compiles every step, request B = A's prefix + a new suffix.
+   `lookup` finds the prefix in the tier and promotes it into host chunks, `load`
+   copies it into B's blocks, B prefills only the suffix. R recomputes B from scratch;
+   B's logits and decoded tokens must equal R's exactly.
+
+The reader times serving the prefix from the tier (lookup + promotion + load, until the
+blocks are on the device) against recomputing it (R's prefill of the same blocks), and
+the parent prints the ratio per tier. Both roles draw the shared prefix from the same
+seeded generator, so they agree on the tokens without talking to each other.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from dataclasses import asdict, replace
+
+import jax
+import numpy as np
+
+from jax_kvoffload.demo._model import DemoTransformer
+from jax_kvoffload.demo._scenario import ScenarioConfig, build_offloader
+from jax_kvoffload.demo._serving import PagedServer, Progress, Request, block_hashes
+
+__all__ = ["run_reader", "run_two_process", "run_writer"]
+
+ROLE_TIMEOUT_S = 600  # one role's process: compiling and running the small model
+
+
+def _prefix(cfg: ScenarioConfig) -> list[int]:
+    rng = np.random.default_rng([cfg.model.seed, 2])  # the same in both processes
+    return rng.integers(0, cfg.model.vocab_size, cfg.prompt_blocks * cfg.block_size).tolist()
+
+
+def _tokens(cfg: ScenarioConfig, stream: int, n: int) -> list[int]:
+    rng = np.random.default_rng([cfg.model.seed, stream])
+    return rng.integers(0, cfg.model.vocab_size, n).tolist()
+
+
+def _engine(cfg: ScenarioConfig):
+    model = DemoTransformer(cfg.model)
+    per_seq = cfg.max_blocks_per_seq
+    off = build_offloader(cfg, num_blocks=3 * per_seq + cfg.blocks_per_chunk)
+    server = PagedServer(model, off, block_size=cfg.block_size, max_blocks_per_seq=per_seq)
+    return off, server
+
+
+def run_writer(cfg: ScenarioConfig, progress: Progress | None = None) -> dict:
+    """The first process: A's prefix into the host store and, by cascade, the tier."""
+    off, server = _engine(cfg)
+    bs = cfg.block_size
+    try:
+        a = Request("A", _prefix(cfg) + _tokens(cfg, 3, cfg.tail_tokens))
+        start = time.perf_counter()
+        server.prefill(a, progress)
+        prefill_s = time.perf_counter() - start
+        hashes = block_hashes(a.tokens, bs)[: cfg.prompt_blocks]
+        job = off.store(hashes, a.block_ids[: cfg.prompt_blocks])
+        (stored,) = off.wait([job]) if job is not None else (None,)
+        flushed = off.flush_tiers(timeout=ROLE_TIMEOUT_S)
+    finally:
+        off.close()
+    stats = [asdict(t) for t in off.tier_stats]
+    ok = stored is not None and stored.success and flushed
+    return {
+        "role": "writer",
+        "prefill_s": prefill_s,
+        "stored_blocks": cfg.prompt_blocks if stored is not None and stored.success else 0,
+        "flushed": flushed,
+        "tiers": stats,
+        "passed": bool(ok and all(t["cascaded"] > 0 for t in stats)),
+    }
+
+
+def run_reader(cfg: ScenarioConfig, progress: Progress | None = None) -> dict:
+    """The second process: B's prefix from the tier, checked against a recompute."""
+    off, server = _engine(cfg)
+    bs = cfg.block_size
+    try:
+        # Warm-up: compile the steps and both transfer directions (nothing timed).
+        warm = Request("warm-up", _tokens(cfg, 4, cfg.prompt_blocks * bs + cfg.tail_tokens))
+        server.decode(warm, min(1, cfg.decode_tokens), server.prefill(warm, progress)[-1])
+        warm_hashes = block_hashes(warm.tokens, bs, seed=b"warm-up")[: cfg.prompt_blocks]
+        off.wait([off.store(warm_hashes, warm.block_ids[: cfg.prompt_blocks])])
+        n = off.lookup(warm_hashes)
+        off.wait([off.load(warm_hashes[:n], warm.block_ids[:n])])
+        jax.block_until_ready(off.caches())
+        server.free(warm)
+        off.reset_cache()  # the host forgets; the tier keeps A's prefix
+
+        prefix = _prefix(cfg)
+        b = Request("B", prefix + _tokens(cfg, 5, cfg.suffix_tokens))
+        b_hashes = block_hashes(b.tokens, bs)
+        start = time.perf_counter()
+        hit = off.lookup(b_hashes)  # blocks: the tier's chunks, promoted into the host
+        server.reserve(b, len(b.tokens))
+        loaded = None
+        if hit:
+            (loaded,) = off.wait([off.load(b_hashes[:hit], b.block_ids[:hit])])
+            jax.block_until_ready(off.caches())
+        serve_s = time.perf_counter() - start
+        b.num_computed = hit * bs
+        b_logits = server.prefill(b, progress)
+        b_tokens, b_decode = server.decode(b, cfg.decode_tokens, b_logits[-1])
+
+        # R: the same prefix recomputed (timed alone), then the suffix.
+        r = Request("R", list(prefix[: hit * bs]))
+        start = time.perf_counter()
+        server.prefill(r, progress)
+        jax.block_until_ready(off.caches())
+        recompute_s = time.perf_counter() - start
+        r.tokens += b.tokens[hit * bs : len(prefix) + cfg.suffix_tokens]
+        r_logits = server.prefill(r, progress)
+        r_tokens, r_decode = server.decode(r, cfg.decode_tokens, r_logits[-1])
+    finally:
+        off.close()
+    logits_equal = bool(np.array_equal(b_logits, r_logits))
+    decode_equal = b_tokens == r_tokens and bool(np.array_equal(b_decode, r_decode))
+    loaded_ok = loaded is not None and loaded.success
+    return {
+        "role": "reader",
+        "prefix_hit_blocks": hit,
+        "prefix_hit_tokens": hit * bs,
+        "serve_prefix_s": serve_s,
+        "recompute_prefix_s": recompute_s,
+        "ratio": recompute_s / serve_s if serve_s > 0 else 0.0,
+        "positions_compared": len(b_logits),
+        "logits_equal": logits_equal,
+        "max_abs_diff": float(np.max(np.abs(b_logits - r_logits))) if len(b_logits) else 0.0,
+        "decode_equal": decode_equal,
+        "tiers": [asdict(t) for t in off.tier_stats],
+        "passed": bool(hit == cfg.prompt_blocks and loaded_ok and logits_equal and decode_equal),
+    }
+
+
+def role_argv(cfg: ScenarioConfig, role: str, tier: str) -> list[str]:
+    """The command line of one role's process (`python -m jax_kvoffload demo ...`)."""
+    m = cfg.model
+    argv = [
+        sys.executable, "-m", "jax_kvoffload", "demo", "--role", role, "--tier", tier,
+        "--json", "--quiet",
+        "--layers", str(m.num_layers), "--heads", str(m.num_heads),
+        "--kv-heads", str(m.num_kv_heads), "--head-dim", str(m.head_dim),
+        "--ffn-dim", str(m.ffn_dim), "--vocab", str(m.vocab_size), "--seed", str(m.seed),
+        "--block-size", str(cfg.block_size), "--prompt-blocks", str(cfg.prompt_blocks),
+        "--suffix-tokens", str(cfg.suffix_tokens), "--decode-tokens", str(cfg.decode_tokens),
+        "--blocks-per-chunk", str(cfg.blocks_per_chunk), "--kernel-backend", cfg.kernel_backend,
+    ]  # fmt: skip
+    return argv + ([] if m.rope else ["--no-rope"])
+
+
+def _run_role(cfg: ScenarioConfig, role: str, tier: str) -> dict:
+    proc = subprocess.run(
+        role_argv(cfg, role, tier),
+        capture_output=True,
+        text=True,
+        timeout=ROLE_TIMEOUT_S,
+        check=False,
+    )
+    try:
+        out = json.loads(proc.stdout)
+    except json.JSONDecodeError:
+        tail = proc.stderr.strip().splitlines()[-1:] or ["no output"]
+        return {"role": role, "passed": False, "error": f"exit {proc.returncode}: {tail[0]}"}
+    out["exit_code"] = proc.returncode
+    return out
+
+
+def run_two_process(cfg: ScenarioConfig, progress: Progress | None = None) -> dict:
+    """For each tier of `cfg.tiers`: a writer process, then a reader process."""
+    report = progress or (lambda *_: None)
+    wall = time.perf_counter()
+    runs = []
+    for i, tier in enumerate(cfg.tiers):
+        report(f"writer ({tier})", i, len(cfg.tiers))
+        writer = _run_role(cfg, "writer", tier)
+        report(f"reader ({tier})", i, len(cfg.tiers))
+        reader = _run_role(cfg, "reader", tier) if writer.get("passed") else None
+        runs.append({"tier": tier, "writer": writer, "reader": reader})
+        report(f"tier {tier}", i + 1, len(cfg.tiers))
+    passed = all(r["writer"].get("passed") and (r["reader"] or {}).get("passed") for r in runs)
+    return {
+        "mode": "two-process",
+        "backend": jax.default_backend(),
+        "model": asdict(cfg.model),
+        "scenario": {k: v for k, v in asdict(replace(cfg, tiers=())).items() if k != "model"},
+        "runs": runs,
+        "passed": bool(runs) and passed,
+        "wall_s": time.perf_counter() - wall,
+    }

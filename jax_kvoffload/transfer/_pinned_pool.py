@@ -1,0 +1,176 @@
+"""A host pool whose rows are the host arrays `jax.device_put` returned: no host copy.
+
+`HostChunkPool` pre-allocates numpy rows, so a store's device-to-host copy lands in a
+(pinned) staging array that numpy then copies into the row: one host memcpy per byte
+stored. `PinnedRowPool` keeps the staging array itself as the chunk's row, as
+tpu-inference keeps the `pinned_host` arrays of its KV swaps: `np.asarray` reads a host
+jax array in place (zero-copy, read-only; docs/architecture.md), so loads, tier
+cascades and `chunk_row` read those bytes without a copy either.
+
+The price: memory is not reserved up front (XLA allocates each staging array; freed
+when the chunk's row is replaced), and a store is split into one staging array per whole
+chunk (the transfer engine does that for pools with `adopts_rows`), so that a row never
+keeps a larger array alive than itself. `benchmarks/pools.py` times both pools.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from jax_kvoffload.transfer._host_pool import _check_widths
+from jax_kvoffload.transfer._jobs import check_index
+from jax_kvoffload.transfer._pool_base import HostPool, HostPoolError
+
+__all__ = ["PinnedRowPool"]
+
+_ALIGN = 64  # XLA:CPU adopts (does not copy) 64-byte aligned numpy buffers in device_put
+
+
+def _aligned(nbytes: int) -> np.ndarray:
+    raw = np.empty(nbytes + _ALIGN, dtype=np.uint8)
+    offset = -raw.ctypes.data % _ALIGN
+    return raw[offset : offset + nbytes]
+
+
+class PinnedRowPool(HostPool):
+    """`num_chunks` rows per group, each the host array of the store that wrote it.
+
+    A store covering a whole chunk at full width is adopted: the chunk's row becomes a
+    view of the caller's array (the engine passes `np.asarray` of the `pinned_host`
+    array `device_put` returned). Anything less (a store starting mid-chunk, narrower
+    than a block) is copied into a row of the chunk's own, keeping the other bytes, as
+    `HostChunkPool` does. A chunk never written reads as zeros.
+
+    Threading and buffers: the `HostPool` contract; adopted arrays are never written
+    (promotions get a fresh row from `chunk_row_for_write`).
+    """
+
+    adopts_rows = True
+
+    def __init__(
+        self, num_chunks: int, bytes_per_block: Mapping[int, int], blocks_per_chunk: int
+    ) -> None:
+        num_chunks = check_index("num_chunks", num_chunks)
+        blocks_per_chunk = check_index("blocks_per_chunk", blocks_per_chunk)
+        if num_chunks < 0:
+            raise HostPoolError(f"num_chunks must be >= 0, got {num_chunks}")
+        if blocks_per_chunk < 1:
+            raise HostPoolError(f"blocks_per_chunk must be >= 1, got {blocks_per_chunk}")
+        self.num_chunks = num_chunks
+        self.blocks_per_chunk = blocks_per_chunk
+        self.bytes_per_block = _check_widths(bytes_per_block)
+        # Slot lists, one entry per chunk: a [bpc, bytes_per_block] uint8 array or None.
+        # Threads write distinct entries (the HostPool contract); a list item assignment
+        # is atomic under the GIL.
+        self._rows: dict[int, list[np.ndarray | None]] = {
+            g: [None] * num_chunks for g in self.bytes_per_block
+        }
+        self.adopted = 0  # chunks whose row is a caller's array (counters for tests)
+        self.copied = 0  # chunk pieces copied into a row of their own
+
+    @property
+    def nbytes(self) -> int:
+        """The most host memory the rows take (every chunk written)."""
+        return self.num_chunks * self.blocks_per_chunk * sum(self.bytes_per_block.values())
+
+    @property
+    def held_bytes(self) -> int:
+        """Host memory the rows keep alive now (distinct arrays behind them)."""
+        seen: dict[int, int] = {}
+        for rows in self._rows.values():
+            for row in rows:
+                if row is not None:
+                    base = row
+                    while isinstance(base.base, np.ndarray):
+                        base = base.base
+                    seen[id(base)] = base.nbytes
+        return sum(seen.values())
+
+    def _group_rows(self, group: object) -> tuple[int, list[np.ndarray | None]]:
+        g = self._check_group(group)
+        return g, self._rows[g]
+
+    def _spans(self, chunk_ids: list[int], first: int, n: int):
+        """(chunk, first slot in it, end slot, first data row) per chunk touched."""
+        bpc = self.blocks_per_chunk
+        done = 0
+        while done < n:
+            slot = first + done
+            chunk = int(chunk_ids[slot // bpc])
+            if not 0 <= chunk < self.num_chunks:
+                raise HostPoolError(f"chunk {chunk} is outside [0, {self.num_chunks})")
+            k0 = slot % bpc
+            k1 = min(bpc, k0 + n - done)
+            yield chunk, k0, k1, done
+            done += k1 - k0
+
+    def _check_rows(self, g: int, name: str, rows: np.ndarray, n: int | None = None) -> int:
+        width = rows.shape[1] if rows.ndim == 2 else -1
+        if (
+            rows.dtype != np.uint8
+            or not 0 < width <= self.bytes_per_block[g]
+            or (n is not None and rows.shape[0] != n)
+        ):
+            raise HostPoolError(
+                f"{name} must be [{'n' if n is None else n}, w] uint8 with 0 < w <= "
+                f"{self.bytes_per_block[g]} (the group's bytes per block); got {rows.dtype} "
+                f"{rows.shape}"
+            )
+        return width
+
+    def write_blocks(self, group: int, chunk_ids: list[int], first: int, data: np.ndarray) -> None:
+        g, rows = self._group_rows(group)
+        width = self._check_rows(g, "data", data)
+        bpc, full = self.blocks_per_chunk, self.bytes_per_block[g]
+        for chunk, k0, k1, at in self._spans(chunk_ids, first, data.shape[0]):
+            piece = data[at : at + k1 - k0]
+            if k0 == 0 and k1 == bpc and width == full and piece.flags.c_contiguous:
+                rows[chunk] = piece  # the caller's array is the row from now on
+                self.adopted += 1
+                continue
+            row = rows[chunk]
+            own = _aligned(bpc * full).reshape(bpc, full)
+            if row is None:
+                own.fill(0)
+            else:
+                own[...] = row  # keep the bytes this store does not cover
+            own[k0:k1, :width] = piece
+            rows[chunk] = own
+            self.copied += 1
+
+    def read_blocks(
+        self, group: int, chunk_ids: list[int], first: int, n_blocks: int, out: np.ndarray
+    ) -> np.ndarray:
+        g, rows = self._group_rows(group)
+        width = self._check_rows(g, "out", out, n_blocks)
+        for chunk, k0, k1, at in self._spans(chunk_ids, first, n_blocks):
+            row = rows[chunk]
+            if row is None:
+                out[at : at + k1 - k0] = 0
+            else:
+                out[at : at + k1 - k0] = row[k0:k1, :width]
+        return out
+
+    def chunk_row(self, group: int, chunk: int) -> np.ndarray:
+        """The chunk's row as 1-D bytes: a view of the adopted array (no copy)."""
+        g, rows = self._group_rows(group)
+        row = rows[self._chunk(chunk)]
+        if row is None:
+            return np.zeros(self.row_bytes(g), dtype=np.uint8)
+        return row.reshape(-1)
+
+    def chunk_row_for_write(self, group: int, chunk: int) -> np.ndarray:
+        """A fresh row, installed now (the chunk is write-pending: nobody reads it)."""
+        g, rows = self._group_rows(group)
+        c = self._chunk(chunk)
+        own = _aligned(self.row_bytes(g))
+        rows[c] = own.reshape(self.blocks_per_chunk, self.bytes_per_block[g])
+        return own
+
+    def _chunk(self, chunk: object) -> int:
+        c = check_index("chunk", chunk)
+        if not 0 <= c < self.num_chunks:
+            raise HostPoolError(f"chunk {c} is outside [0, {self.num_chunks})")
+        return c

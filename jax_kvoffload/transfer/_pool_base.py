@@ -1,0 +1,154 @@
+"""The abstract host pool: where offloaded chunks live in host memory.
+
+Every pool the transfer engine, vLLM's worker or the secondary tiers use implements
+`HostPool`; nothing of ours asks a pool what it can do with `hasattr`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from typing import ClassVar
+
+import numpy as np
+
+from jax_kvoffload.errors import KVOffloadValueError
+from jax_kvoffload.transfer._jobs import check_index, check_indices
+
+__all__ = ["HostPool", "HostPoolError"]
+
+
+class HostPoolError(KVOffloadValueError):
+    """A chunk id or row is outside the pool."""
+
+
+class HostPool(ABC):
+    """Host memory for `num_chunks` chunks of every group.
+
+    Geometry (set by implementations, fixed for the pool's life):
+
+    - `num_chunks`, `blocks_per_chunk`; `bytes_per_block[g]`: the bytes this process
+      moves per block of group g (a canonical view: its local page; vLLM's worker: the
+      tensor's widest unpadded page). `nbytes`: the host memory the pool may hold.
+    - Block slot `s` of a chunk list is block `s % blocks_per_chunk` of chunk
+      `chunk_ids[s // blocks_per_chunk]`; a chunk id addresses a row in every group (as
+      vLLM sizes its CPU tier), and a group's row of a chunk holds its `blocks_per_chunk`
+      blocks back to back: `row_bytes(g) = blocks_per_chunk * bytes_per_block[g]`.
+
+    Contract:
+
+    - **Who writes what, when.** `write_blocks` runs on the store worker thread after
+      the device-to-host copy; `read_blocks` on the load worker thread before the
+      host-to-device copy; `chunk_row` / `chunk_row_for_write` on the threads of a
+      secondary tier (cascades read a row, promotions fill one). The pool does no
+      locking: callers guarantee that no two jobs in flight touch one chunk with a
+      write among them (the host store pins chunks being read and never hands a pinned
+      or write-pending chunk to a store; the transfer engine fences rows across
+      directions; a reset waits for tier I/O). Calls for different chunks may run
+      concurrently.
+    - **Buffers.** `write_blocks` either copies `data` or keeps it (`adopts_rows`):
+      the caller must not change `data` afterwards. `read_blocks` fills `out`.
+    - **Rows for tiers.** `chunk_row(g, c)` is the group's whole row of chunk c as 1-D
+      uint8, zero-copy where the pool can; valid until the chunk is written again (the
+      caller pins it). `chunk_row_for_write(g, c)` is a writable 1-D buffer of the same
+      length that *is* the chunk's row once filled (the chunk must be write-pending).
+    - **Shards.** Pools with `moves_shards` copy each shard of a sharded staging array
+      straight between the shard and its place in the rows (`move_shards`); others get
+      the assembled array through `write_blocks` / `read_blocks`.
+    """
+
+    #: Copies shards of a sharded staging array in place (`move_shards`).
+    moves_shards: ClassVar[bool] = False
+    #: `write_blocks` keeps the caller's array as the rows (no host copy).
+    adopts_rows: ClassVar[bool] = False
+
+    num_chunks: int
+    blocks_per_chunk: int
+    bytes_per_block: Mapping[int, int]
+
+    @property
+    @abstractmethod
+    def nbytes(self) -> int:
+        """Bytes of host memory the pool holds (adopting pools: at most)."""
+
+    @abstractmethod
+    def write_blocks(self, group: int, chunk_ids: list[int], first: int, data: np.ndarray) -> None:
+        """Stores `data` (`[n, w]` uint8, `0 < w <= bytes_per_block[group]`) in n
+        consecutive block slots from slot `first`; the rest of each slot is unchanged."""
+
+    @abstractmethod
+    def read_blocks(
+        self, group: int, chunk_ids: list[int], first: int, n_blocks: int, out: np.ndarray
+    ) -> np.ndarray:
+        """Reads the leading w bytes of `n_blocks` slots from slot `first` into `out`
+        (`[n_blocks, w]` uint8) and returns it."""
+
+    @abstractmethod
+    def chunk_row(self, group: int, chunk: int) -> np.ndarray:
+        """The group's row of `chunk` (`row_bytes(group)` uint8, read-only use)."""
+
+    @abstractmethod
+    def chunk_row_for_write(self, group: int, chunk: int) -> np.ndarray:
+        """A writable `row_bytes(group)` buffer that is the chunk's row once filled."""
+
+    def move_shards(
+        self,
+        group: int,
+        chunk_ids: list[int],
+        first: int,
+        shape: tuple[int, ...],
+        dtype: np.dtype,
+        shards: list[tuple[tuple[slice, ...], np.ndarray]],
+        *,
+        store: bool,
+    ) -> None:
+        """Copies shards of a staging array between the shards and the rows (pools
+        with `moves_shards` only)."""
+        raise NotImplementedError(f"{type(self).__name__} does not move shards")
+
+    def store_bytes(
+        self, group: int, chunk_ids: list[int], first: int, n_blocks: int
+    ) -> int | None:
+        """Bytes this process writes when storing `n_blocks` blocks there, when that
+        is not every byte of the blocks (a canonical view's writer rotation); None
+        means the plain count."""
+        return None
+
+    def row_bytes(self, group: int) -> int:
+        """Bytes of one chunk's row in `group`."""
+        return self.blocks_per_chunk * self.bytes_per_block[group]
+
+    def check_chunks(self, chunk_ids: list[int]) -> None:
+        """Raises `HostPoolError` for chunk ids outside `[0, num_chunks)`."""
+        ids = check_indices("chunk_ids", chunk_ids)
+        bad = ids[(ids < 0) | (ids >= self.num_chunks)].tolist()
+        if bad:
+            raise HostPoolError(f"chunk ids {bad[:8]} are outside [0, {self.num_chunks})")
+
+    def slots(self, chunk_ids: list[int], first: int, n: int) -> np.ndarray:
+        """Global slot numbers (`chunk * blocks_per_chunk + k`) of `n` consecutive
+        block slots from slot `first` of the chunk list."""
+        bpc = self.blocks_per_chunk
+        ids = check_indices("chunk_ids", chunk_ids)
+        first, n = check_index("first", first), check_index("n", n)
+        # Checked here because numpy would read a negative index from the end: a write
+        # would land silently in another chunk's row.
+        if first < 0 or n < 0 or first + n > ids.size * bpc:
+            raise HostPoolError(
+                f"{n} blocks from slot {first} do not fit the {ids.size} chunk(s) given "
+                f"({bpc} slots each); need 0 <= first and first + n <= {ids.size * bpc}"
+            )
+        k = np.arange(first, first + n)
+        chunks = ids[k // bpc]
+        if chunks.size and (chunks.min() < 0 or chunks.max() >= self.num_chunks):
+            bad = chunks[(chunks < 0) | (chunks >= self.num_chunks)]
+            raise HostPoolError(f"chunk ids {bad[:8].tolist()} are outside [0, {self.num_chunks})")
+        return chunks * bpc + k % bpc
+
+    def _check_group(self, group: object) -> int:
+        g = check_index("group", group)
+        if g not in self.bytes_per_block:
+            raise HostPoolError(
+                f"group {g} has no host rows; groups are {sorted(self.bytes_per_block)}"
+            )
+        return g
