@@ -25,7 +25,6 @@ raises returns no id and leaves nothing behind. Life cycle: docs/architecture.md
 from __future__ import annotations
 
 import itertools
-import logging
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -64,8 +63,6 @@ from jax_kvoffload.transfer.internals import (
 )
 
 __all__ = ["KVOffloader", "OffloaderError", "OffloaderStateError"]
-
-logger = logging.getLogger(__name__)
 
 
 class OffloaderStateError(KVOffloadStateError):

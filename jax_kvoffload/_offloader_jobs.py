@@ -20,7 +20,7 @@ from jax_kvoffload.transfer.internals import check_index, deferred_interrupts
 
 __all__ = ["JobBook"]
 
-logger = logging.getLogger("jax_kvoffload._offloader")  # the offloader's log, as before
+logger = logging.getLogger(__name__)
 
 
 @dataclass
