@@ -112,3 +112,33 @@ def test_tiers_in_the_extra_config_are_opened_and_closed_by_the_offloader(tmp_pa
     assert tier._closed
     with pytest.raises(Exception, match="only vLLM"):
         offloader(config(secondary_tiers=[{"type": "fs", "root_dir": str(tmp_path)}]))
+
+
+def test_stats_snapshot_counts_the_tier_path(tmp_path):
+    """`KVOffloader.stats().tiers` reads the tier path's counters: 4 chunks cascaded by
+    one engine, 4 promoted (and their 8 blocks' tokens counted as hits) by the next."""
+    tiers = [disk(tmp_path / "tier")]
+    off = offloader(config(secondary_tiers=tiers))
+    hs = hashes("s", 8)
+    write_blocks(off, list(range(8)), hs)
+    assert off.wait([off.store(hs, list(range(8)))])[0].success
+    assert off.flush_tiers(timeout=30)
+    (written,) = off.stats().tiers
+    off.close()
+    assert (written.name, written.cascaded, written.promoted, written.failed) == (
+        "disk[0]",
+        4,
+        0,
+        0,
+    )
+
+    fresh = offloader(config(secondary_tiers=tiers), seed=5)
+    try:
+        assert fresh.lookup(hs) == 8
+        stats = fresh.stats()
+        (read,) = stats.tiers
+        assert (read.cascaded, read.promoted, read.dropped, read.failed) == (0, 4, 0, 0)
+        assert stats.prefix_lookups == 1
+        assert stats.prefix_hit_tokens == 8 * fresh.config.groups[0].tokens_per_block
+    finally:
+        fresh.close()
