@@ -109,6 +109,17 @@ class TransferEngine:
         check_pool(pool)
         if not isinstance(backend, str) or backend not in pk.BACKENDS:
             raise TransferError(f"backend must be one of {pk.BACKENDS}, got {backend!r}")
+        if backend != "auto" and not interpret:
+            # Refused now, not at the first job: a job failing for a reason fixed at
+            # construction would only surface as failed stores.
+            for g, gc in self._caches.items():
+                device = next(iter(gc.arrays[0].devices()))
+                if not pk.get_backend(backend).supports(device):
+                    runs = ("auto", *pk.supported_backends(device))
+                    raise TransferError(
+                        f"backend={backend!r} does not run on group {g}'s caches "
+                        f"({device.platform}); use one of {runs}, or interpret=True"
+                    )
         for g, gc in self._caches.items():
             want = pool.bytes_per_block.get(g)
             if want != gc.block_bytes:

@@ -254,3 +254,17 @@ def test_results_outlive_close():
     engine.close()  # waits for the job and completes it
     assert engine.closed and engine.in_flight == 0
     assert [r.job_id for r in engine.get_finished()] == [1]
+
+
+@pytest.mark.parametrize("backend", ["triton", "tpu", "mosaic_gpu"])
+def test_a_backend_the_caches_platform_does_not_run_is_refused_at_construction(backend):
+    """On CPU, a Pallas GPU/TPU backend without interpret=True would only fail at the
+    first job; the engine refuses it up front and names what runs here."""
+    import jax
+
+    if pk.get_backend(backend).supports(jax.devices()[0]):
+        pytest.skip(f"{backend} runs on this machine")
+    caches = {0: GroupCaches([jnp.zeros((4, 2, 16, 1, 8), jnp.uint16)], LAYOUTS["kv_second"][0])}
+    pool = HostChunkPool(2, {0: caches[0].block_bytes}, 2)
+    with pytest.raises(TransferError, match=r"does not run on group 0's caches \(cpu\).*xla"):
+        TransferEngine(caches, pool, backend=backend)
