@@ -139,6 +139,9 @@ def build_manager_class() -> type:
             self, store: HostStore, config_info: Any = None, tokens_per_chunk: int | None = None
         ) -> None:
             self.store = store
+            # Public in vLLM's CPUOffloadingManager (its events carry it; vLLM's tiers
+            # expose the same attribute).
+            self.medium = cpu
             self._config_info = dict(config_info or {})
             self._tokens_per_chunk = tokens_per_chunk
             self._deltas = CounterDeltas()

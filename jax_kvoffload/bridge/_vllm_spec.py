@@ -51,6 +51,7 @@ def build_spec_classes() -> dict[str, type]:
     from jax_kvoffload.bridge._torch_worker import TorchKVWorker, host_widths
     from jax_kvoffload.bridge._vllm_manager import build_manager_class
     from jax_kvoffload.bridge._vllm_metrics import (
+        declare_cpu_offloading,
         metric_definitions,
         spec_stats,
         tokens_per_chunk,
@@ -154,10 +155,15 @@ def build_spec_classes() -> dict[str, type]:
             )
             self.num_chunks = capacity.num_chunks
             self.kv_bytes_per_chunk = capacity.kv_bytes_per_chunk
+            # Public in vLLM's CPU spec (its tiering spec sizes secondary-tier pages by it).
+            self.cpu_page_size_per_worker = capacity.cpu_page_size_per_worker
             self.cpu_info = CPUOffloadingInfo.from_config(
                 config, self.num_chunks, self.kv_bytes_per_chunk
             )
             self.eviction_policy: str = self.extra_config.get("eviction_policy", "lru")
+            self.cache_policy_module_path: str | None = self.extra_config.get(
+                "cache_policy_module_path"
+            )
             self._manager: Any = None
             self._worker: Any = None
 
@@ -201,6 +207,7 @@ def build_spec_classes() -> dict[str, type]:
                 )
             return self._worker
 
+    declare_cpu_offloading(JaxOffloadingSpec)
     return {
         "JaxOffloadingSpec": JaxOffloadingSpec,
         "JaxOffloadingManager": manager_cls,
