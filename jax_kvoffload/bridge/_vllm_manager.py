@@ -11,8 +11,9 @@ methods the store reads (`get_offload_key_position`, `get_state`, `set_state`), 
 positions the scheduler records later are seen, and nothing is copied per call.
 `install_vllm_types()` makes that explicit (vLLM's `ReqContext` becomes a virtual
 subclass of our `AbstractRequestContext`, its `CachePolicy` one of our
-`AbstractEvictionPolicy`) and lets the store resolve policy names registered with
-vLLM's `CachePolicyFactory`.
+`AbstractEvictionPolicy`, and our LRU/ARC policies virtual subclasses of vLLM's
+`CachePolicy`) and lets the store resolve policy names registered with vLLM's
+`CachePolicyFactory`.
 """
 
 from __future__ import annotations
@@ -26,7 +27,9 @@ from jax_kvoffload.stats import OffloadStats, store_side
 from jax_kvoffload.store import (
     AbstractEvictionPolicy,
     AbstractRequestContext,
+    ARCPolicy,
     HostStore,
+    LRUPolicy,
     add_policy_resolver,
 )
 
@@ -47,12 +50,22 @@ def _vllm_policy(name: str) -> type | None:
 
 @functools.cache
 def install_vllm_types() -> None:
-    """Lets the store accept vLLM's request contexts and vLLM-style policies."""
+    """Lets the store accept vLLM's request contexts and vLLM-style policies, and
+    vLLM's managers host our policies.
+
+    Our `LRUPolicy` and `ARCPolicy` implement vLLM's `CachePolicy` interface method
+    for method (vLLM's `ReqContext` and `ChunkStatus` in, the same decisions out:
+    tests/bridge/test_vllm_hosts_our_policies.py), so they become virtual subclasses
+    of it: vLLM's `CachePolicyFactory` asserts `issubclass(cls, CachePolicy)` before
+    it loads a policy by `cache_policy_module_path`.
+    """
     from vllm.v1.kv_offload.base import ReqContext
     from vllm.v1.kv_offload.cpu.policies.base import CachePolicy
 
     AbstractRequestContext.register(ReqContext)
     AbstractEvictionPolicy.register(CachePolicy)
+    CachePolicy.register(LRUPolicy)
+    CachePolicy.register(ARCPolicy)
     add_policy_resolver(_vllm_policy)
 
 
@@ -103,6 +116,9 @@ def build_manager_class() -> type:
             self, store: HostStore, config_info: Any = None, tokens_per_chunk: int | None = None
         ) -> None:
             self.store = store
+            # Public in vLLM's CPUOffloadingManager (its events carry it; vLLM's tiers
+            # expose the same attribute).
+            self.medium = cpu
             self._config_info = dict(config_info or {})
             self._tokens_per_chunk = tokens_per_chunk
             self._deltas = CounterDeltas()

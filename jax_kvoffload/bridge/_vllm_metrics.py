@@ -28,6 +28,7 @@ __all__ = [
     "CHUNK_STORES",
     "OCCUPANCY_PERC",
     "CounterDeltas",
+    "declare_cpu_offloading",
     "metric_definitions",
     "spec_stats",
     "tokens_per_chunk",
@@ -81,6 +82,22 @@ def metric_definitions(extra_config: dict[str, Any]) -> dict[str, Any]:
             documentation="CPU KV-cache chunks evicted to make room for new stores.",
         ),
     }
+
+
+def declare_cpu_offloading(spec_cls: type) -> None:
+    """Makes `spec_cls` a virtual subclass of vLLM's `CPUOffloadingSpec`.
+
+    vLLM's `OffloadPromMetrics` feeds its deprecated per-direction transfer series
+    (`vllm:kv_offload_total_bytes`, `_total_time`, `_size`, label `transfer_type`
+    `CPU_to_GPU` / `GPU_to_CPU`) only when `issubclass(spec_cls, CPUOffloadingSpec)`;
+    for any other spec they stay at zero. Ours offloads to CPU memory as that spec
+    does (same metric names, sizing and config-info labels), so dashboards built on
+    those series must keep working. That check is vLLM 0.33.0's only
+    `isinstance`/`issubclass` use of the class (its tiering spec subclasses it).
+    """
+    from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
+
+    CPUOffloadingSpec.register(spec_cls)
 
 
 class CounterDeltas:

@@ -72,6 +72,7 @@ def build_spec_classes() -> dict[str, type]:
     from jax_kvoffload.bridge._torch_worker import TorchKVWorker, host_widths
     from jax_kvoffload.bridge._vllm_manager import build_manager_class, install_vllm_types
     from jax_kvoffload.bridge._vllm_metrics import (
+        declare_cpu_offloading,
         metric_definitions,
         spec_stats,
         tokens_per_chunk,
@@ -211,11 +212,15 @@ def build_spec_classes() -> dict[str, type]:
             )
             self.num_chunks = capacity.num_chunks
             self.kv_bytes_per_chunk = capacity.kv_bytes_per_chunk
+            # Public in vLLM's CPU spec (its tiering spec sizes secondary-tier pages by it).
+
             self.cpu_page_size_per_worker = capacity.cpu_page_size_per_worker
             self.cpu_info = CPUOffloadingInfo.from_config(
                 config, self.num_chunks, self.kv_bytes_per_chunk
             )
             self.eviction_policy: str = self.host_tier.eviction_policy
+            self.cache_policy_module_path: str | None = self.host_tier.cache_policy_module_path
+
             self._manager: Any = None
             self._worker: Any = None
 
@@ -278,6 +283,8 @@ def build_spec_classes() -> dict[str, type]:
                 "cpu_page_size_per_worker": self.cpu_page_size_per_worker,
                 "replicated": self.replicated_layout,
             }
+
+    declare_cpu_offloading(JaxOffloadingSpec)
 
     return {
         "JaxOffloadingSpec": JaxOffloadingSpec,

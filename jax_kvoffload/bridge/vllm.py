@@ -9,6 +9,9 @@
   imported) on first attribute access. With `canonical_layout` in the extra config its
   workers store canonical host pages (docs/vllm.md, "Canonical pages"), or refuse with
   `CanonicalWorkerError`.
+- `LRUPolicy`, `ARCPolicy`: our eviction policies as vLLM `CachePolicy` classes, for
+  vLLM's own managers (`"eviction_policy": "LRUPolicy", "cache_policy_module_path":
+  "jax_kvoffload.bridge.vllm"`); they decide exactly as vLLM's LRU and ARC.
 """
 
 from typing import TYPE_CHECKING, Any
@@ -26,18 +29,24 @@ from jax_kvoffload.bridge._vllm_pools import CanonicalWorkerError as CanonicalWo
 from jax_kvoffload.bridge._vllm_spec import our_offloading_config as our_offloading_config
 
 if TYPE_CHECKING:  # built on first access by __getattr__ (they import vLLM)
+    from jax_kvoffload.store import ARCPolicy, LRUPolicy
+
     JaxOffloadingManager: type
     JaxOffloadingSpec: type
     JaxOffloadingWorker: type
 
 _LAZY = ("JaxOffloadingManager", "JaxOffloadingSpec", "JaxOffloadingWorker")
+# Ours, declared to vLLM as `CachePolicy` classes on first access (imports vLLM).
+_POLICIES = ("ARCPolicy", "LRUPolicy")
 
 __all__ = [
+    "ARCPolicy",
     "CanonicalWorkerError",
     "JaxOffloadingManager",
     "JaxOffloadingSpec",
     "JaxOffloadingWorker",
     "JobSpecError",
+    "LRUPolicy",
     "convert_engine_config",
     "convert_kv_cache_config",
     "convert_spec",
@@ -51,4 +60,10 @@ def __getattr__(name: str) -> Any:
         from jax_kvoffload.bridge._vllm_spec import build_spec_classes
 
         return build_spec_classes()[name]
+    if name in _POLICIES:
+        from jax_kvoffload import store
+        from jax_kvoffload.bridge._vllm_manager import install_vllm_types
+
+        install_vllm_types()
+        return getattr(store, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -10,6 +10,7 @@ import pytest
 
 from . import fetch_vllm_tests as fetch
 from . import vllm_suite_manifest as manifest
+from . import vllm_suite_soundness as soundness
 
 SHA = "ab" * 32
 
@@ -156,3 +157,36 @@ def test_the_suite_says_where_the_sources_belong(monkeypatch, tmp_path):
     assert "fetch_vllm_tests.py" in suite._unavailable()
     monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.34.0")
     assert "vLLM 0.34.0 is installed" in suite._unavailable()
+
+
+def test_only_vllms_test_files_may_keep_a_substitute_under_a_vllm_name():
+    import types
+
+    class Ours:  # stands for our spec, swapped in for vLLM's CPUOffloadingSpec
+        pass
+
+    def module(name, **attrs):
+        m = types.ModuleType(name)
+        m.__dict__.update(attrs)
+        return m
+
+    modules = {
+        # vLLM's tests bind ours on purpose; so does the plugin itself.
+        "tests.v1.kv_offload.test_factory": module("t", CPUOffloadingSpec=Ours),
+        "vllm_substitution": module("p", CPUOffloadingSpec=Ours),
+        # Our code under its own name: fine. Under vLLM's name: it took the substitute.
+        "jax_kvoffload.bridge.vllm": module("o", JaxOffloadingSpec=Ours),
+        "jax_kvoffload.bridge._vllm_metrics": module("m", CPUOffloadingSpec=Ours),
+        # Any vLLM module holding ours, under any name, would test ours against ours.
+        "vllm.v1.kv_offload.tiering.spec": module("v", Base=Ours),
+        "vllm.v1.kv_offload.cpu.spec": module("s", CPUOffloadingSpec=object),
+        "vllm.connector": module("c", CPUOffloadingSpec=Ours),  # swapped on purpose
+        "gone": None,
+    }
+    found = soundness.unsound_bindings(
+        modules, {"CPUOffloadingSpec": Ours}, allowed=("vllm.connector.CPUOffloadingSpec",)
+    )
+    assert found == [
+        "jax_kvoffload.bridge._vllm_metrics.CPUOffloadingSpec",
+        "vllm.v1.kv_offload.tiering.spec.Base",
+    ]

@@ -2,8 +2,13 @@
 
 Loaded with ``-p vllm_substitution`` by ``test_vllm_suite.py`` (in a subprocess whose
 working directory is the extracted vLLM tests, so that ``tests`` is vLLM's package).
-vLLM's test files are never edited: before they are imported, the names they import
-are rebound to ours, in the modules that define them:
+vLLM's test files are never edited: while pytest collects them (imports them), the
+names they import are rebound to ours in the modules that define them, so the test
+files' globals hold ours; before the first test runs the defining modules get vLLM's
+classes back, so that nothing else, above all our own code (our spec takes vLLM's
+CPU-spec metric definitions from vLLM's ``CPUOffloadingSpec``), is redirected. The
+plugin then checks that no module outside vLLM's tests kept a substitute under a vLLM
+name (``vllm_suite_soundness.py``) and refuses to run otherwise.
 
 ==========================================================  =============================
 vLLM name (module that defines it)                          ours
@@ -19,10 +24,14 @@ the "CPUOffloadingSpec" entry of ``OffloadingSpecFactory``)
 the name the ``OffloadingConnector`` calls)                  returned as vLLM's dataclass
 ==========================================================  =============================
 
-vLLM's own modules that subclass or import these names (tiering's spec and manager)
-are imported first, so they keep vLLM's classes: only the code under test changes. The
-"lru"/"arc" factory entries do reach vLLM's tiering manager (a test of whether vLLM's
-own managers can host our policies: they cannot, see the manifest).
+The factory entries and the connector's name are swapped for the whole session: tests
+and vLLM's own code resolve them by string at run time, and none of our code does (our
+store answers "lru"/"arc" itself). vLLM's modules that subclass or import the swapped
+names (tiering's spec and manager) are imported first, so they keep vLLM's classes.
+The "lru"/"arc" factory entries do reach vLLM's tiering manager, which then hosts our
+policies (they implement vLLM's ``CachePolicy`` interface). A test that loads a class
+by module path at run time (``spec_module_path="vllm.v1.kv_offload.cpu.spec"``) gets
+vLLM's: the manifest lists it (kind "harness").
 
 Where a test reads a vLLM-private attribute that has a public equivalent of ours, the
 substitute manager exposes that equivalent read-only under vLLM's name
@@ -53,11 +62,13 @@ import os
 import pathlib
 import re
 import shutil
+import sys
 import tempfile
 from typing import Any
 
 import pytest
 import vllm_suite_manifest
+import vllm_suite_soundness
 
 # facebook/opt-125m's config.json (the model vLLM's connector tests name; no weights
 # are read). Kept here so that no download is needed.
@@ -218,38 +229,75 @@ def _manager_substitute() -> type:
     return CPUOffloadingManager
 
 
-def _substitute(monkeypatch: pytest.MonkeyPatch) -> None:
-    # vLLM modules that subclass or bind the substituted names keep vLLM's classes:
-    # import them before anything is rebound.
-    import vllm.distributed.kv_transfer.kv_connector.v1.offloading.config as config_mod
-    import vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics
-    import vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector as connector
-    import vllm.v1.kv_offload.cpu.manager as manager_mod
-    import vllm.v1.kv_offload.cpu.policies.arc as arc_mod
-    import vllm.v1.kv_offload.cpu.policies.lru as lru_mod
-    import vllm.v1.kv_offload.cpu.spec as spec_mod
-    import vllm.v1.kv_offload.tiering.manager
-    import vllm.v1.kv_offload.tiering.spec  # noqa: F401
-    from vllm.v1.kv_offload.cpu.policies.factory import CachePolicyFactory
-    from vllm.v1.kv_offload.factory import OffloadingSpecFactory
+class Substitution:
+    """What the plugin swaps, in two scopes.
 
-    from jax_kvoffload.bridge._vllm_spec import build_spec_classes
-    from jax_kvoffload.store import ARCPolicy, LRUPolicy
+    ``names``: (module, attribute, ours) rebound in vLLM's modules only while pytest
+    collects, i.e. while vLLM's test files (and their helpers) run their imports, so
+    the test files' own globals hold ours; undone before any test runs, so that every
+    other reference, above all our own code's lazy imports of vLLM's classes (our spec
+    takes its metric definitions from vLLM's ``CPUOffloadingSpec``), reaches vLLM's
+    real classes. ``registry``: (factory registry, name, loader) swapped for the whole
+    session, because tests and vLLM's own code (the connector, the tiering manager)
+    resolve these names by string at run time. Our code resolves none of them: our
+    store answers "lru" and "arc" itself and asks vLLM's ``CachePolicyFactory`` only
+    for other names; nothing of ours asks ``OffloadingSpecFactory``.
+    """
 
-    # Built now, while vllm.v1.kv_offload.cpu.spec still holds vLLM's class (ours
-    # delegates its metric definitions to it).
-    spec_cls = build_spec_classes()["JaxOffloadingSpec"]
-    manager_cls = _manager_substitute()
+    def __init__(self) -> None:
+        # vLLM modules that subclass or bind the substituted names keep vLLM's
+        # classes: import them before anything is rebound.
+        import vllm.distributed.kv_transfer.kv_connector.v1.offloading.config as config_mod
+        import vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics
+        import vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector as connector
+        import vllm.v1.kv_offload.cpu.manager as manager_mod
+        import vllm.v1.kv_offload.cpu.policies.arc as arc_mod
+        import vllm.v1.kv_offload.cpu.policies.lru as lru_mod
+        import vllm.v1.kv_offload.cpu.spec as spec_mod
+        import vllm.v1.kv_offload.tiering.manager
+        import vllm.v1.kv_offload.tiering.spec  # noqa: F401
+        from vllm.v1.kv_offload.cpu.policies.factory import CachePolicyFactory
+        from vllm.v1.kv_offload.factory import OffloadingSpecFactory
 
-    monkeypatch.setattr(manager_mod, "CPUOffloadingManager", manager_cls)
-    monkeypatch.setattr(lru_mod, "LRUCachePolicy", LRUPolicy)
-    monkeypatch.setattr(arc_mod, "ARCCachePolicy", ARCPolicy)
-    monkeypatch.setitem(CachePolicyFactory._registry, "lru", lambda: LRUPolicy)
-    monkeypatch.setitem(CachePolicyFactory._registry, "arc", lambda: ARCPolicy)
-    monkeypatch.setattr(spec_mod, "CPUOffloadingSpec", spec_cls)
-    monkeypatch.setitem(OffloadingSpecFactory._registry, "CPUOffloadingSpec", lambda: spec_cls)
-    monkeypatch.setattr(config_mod, "build_offloading_config", build_offloading_config)
-    monkeypatch.setattr(connector, "build_offloading_config", build_offloading_config)
+        from jax_kvoffload.bridge._vllm_spec import build_spec_classes
+        from jax_kvoffload.store import ARCPolicy, LRUPolicy
+
+        spec_cls = build_spec_classes()["JaxOffloadingSpec"]
+        manager_cls = _manager_substitute()
+        self.names = [
+            (manager_mod, "CPUOffloadingManager", manager_cls),
+            (lru_mod, "LRUCachePolicy", LRUPolicy),
+            (arc_mod, "ARCCachePolicy", ARCPolicy),
+            (spec_mod, "CPUOffloadingSpec", spec_cls),
+            (config_mod, "build_offloading_config", build_offloading_config),
+        ]
+        self.registry = [
+            (CachePolicyFactory._registry, "lru", lambda: LRUPolicy),
+            (CachePolicyFactory._registry, "arc", lambda: ARCPolicy),
+            (OffloadingSpecFactory._registry, "CPUOffloadingSpec", lambda: spec_cls),
+        ]
+        # The connector is vLLM's code under test; the name it calls is swapped for
+        # the session (nothing of ours calls vLLM's connector).
+        self.connector = (connector, "build_offloading_config", build_offloading_config)
+
+    def apply_registry(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        for registry, name, loader in self.registry:
+            monkeypatch.setitem(registry, name, loader)
+        monkeypatch.setattr(*self.connector)
+
+    def apply_names(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        for module, name, ours in self.names:
+            monkeypatch.setattr(module, name, ours)
+
+    def unsound_bindings(self, modules: dict[str, Any]) -> list[str]:
+        """``module.attribute`` for each reference to ours, outside vLLM's test
+        package, under a name that should reach vLLM's class
+        (`vllm_suite_soundness.unsound_bindings`)."""
+        return vllm_suite_soundness.unsound_bindings(
+            modules,
+            {name: ours for _, name, ours in self.names},
+            allowed=(f"{self.connector[0].__name__}.{self.connector[1]}",),
+        )
 
 
 def _platform_stand_ins(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -268,11 +316,33 @@ class _Plugin:
         self.results: dict[str, dict[str, str]] = {}
         self.monkeypatch = pytest.MonkeyPatch()
         _platform_stand_ins(self.monkeypatch)
-        if not self.reference:
-            _substitute(self.monkeypatch)
+        self.substitution = None if self.reference else Substitution()
+        if self.substitution is not None:
+            self.substitution.apply_registry(self.monkeypatch)
 
     def close(self) -> None:
         self.monkeypatch.undo()
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_collection(self, session: pytest.Session):
+        # vLLM's test files import the swapped names while they are collected: only
+        # then do vLLM's modules hold ours (see `Substitution`).
+        if self.substitution is None:
+            return (yield)
+        names = pytest.MonkeyPatch()
+        self.substitution.apply_names(names)
+        try:
+            result = yield
+        finally:
+            names.undo()
+        unsound = self.substitution.unsound_bindings(dict(sys.modules))
+        if unsound:
+            raise pytest.UsageError(
+                "the substitution leaked beyond vLLM's test files: these references "
+                f"should reach vLLM's classes but hold ours: {unsound} (import the "
+                "module before the names are swapped, in Substitution.__init__)"
+            )
+        return result
 
     @pytest.hookimpl(trylast=True)
     def pytest_collection_modifyitems(self, config: pytest.Config, items: list) -> None:

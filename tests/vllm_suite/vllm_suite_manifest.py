@@ -9,9 +9,8 @@ from __future__ import annotations
 import dataclasses
 import pathlib
 import re
-from typing import Any
-
 import tomllib
+from typing import Any
 
 MANIFEST = pathlib.Path(__file__).with_name("expected_differences.toml")
 
@@ -21,6 +20,7 @@ KINDS = {
     "real-being-fixed": "real difference, being fixed",
     "real-unassigned": "real difference, not yet assigned",
     "design": "by design",
+    "harness": "outside the substitution",
     "environment": "cannot run here",
 }
 
