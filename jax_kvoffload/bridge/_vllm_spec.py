@@ -33,7 +33,8 @@ logger = logging.getLogger(__name__)
 
 
 def our_offloading_config(vllm_config: Any) -> OffloadingConfig:
-    """vLLM's `OffloadingConfig` converted into ours (the same fields, validated).
+    """vLLM's `OffloadingConfig` converted into ours (the same fields, validated, but
+    `kv_cache_layout`, which vLLM copies through unchecked).
 
     Ours is hashable (a jit static), yet its `extra_config` reads back as vLLM's: each
     read returns a fresh copy in the caller's types (lists stay lists, dicts dicts), so
@@ -45,7 +46,8 @@ def our_offloading_config(vllm_config: Any) -> OffloadingConfig:
         data[name] = dataclasses.asdict(data[name])
     data["groups"] = [dataclasses.asdict(g) for g in data["groups"]]
     data["extra_config"] = dict(data["extra_config"])
-    return OffloadingConfig.from_dict(data)
+    layout = data.pop("kv_cache_layout", None)  # copied as vLLM copies it, unchecked
+    return OffloadingConfig.from_dict(data).with_layout_as_given(layout)
 
 
 def read_host_tier(extra_config: Any) -> tuple[HostTierConfig, Exception | None]:

@@ -10,6 +10,7 @@ give a JSON round trip.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping
 from dataclasses import MISSING, dataclass, fields
 from typing import Any
@@ -140,6 +141,20 @@ class OffloadingConfig:
         _check_type("cache", self.cache, OffloadingCacheConfig)
         _check_type("parallel", self.parallel, OffloadingParallelConfig)
         v.optional_str_fields(self, "kv_cache_layout")
+
+    def with_layout_as_given(self, kv_cache_layout: Any) -> OffloadingConfig:
+        """This config with `kv_cache_layout` set to vLLM's value as it is, unchecked.
+
+        vLLM copies `cache_config.kv_cache_layout` into its config without looking at
+        it, so its scheduler and config tests pass test doubles there; the vLLM adapter
+        does the same through this (our own constructors check the type). Our data path
+        reads the layout only for canonical pages, which name a `KVCacheLayout` first.
+        """
+        if kv_cache_layout is None or isinstance(kv_cache_layout, str):
+            return dataclasses.replace(self, kv_cache_layout=kv_cache_layout)
+        out = dataclasses.replace(self, kv_cache_layout=None)
+        object.__setattr__(out, "kv_cache_layout", kv_cache_layout)
+        return out
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (tuples become lists); `from_dict` inverts it."""

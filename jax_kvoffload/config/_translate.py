@@ -368,5 +368,4 @@ def build_offloading_config(engine_config: Any, kv_cache_config: Any) -> Offload
         ),
         replicated_layout=certification.replicated_layout,
         canonical_layout=certification.canonical_layout,
-        kv_cache_layout=engine_config.cache_config.kv_cache_layout,
-    )
+    ).with_layout_as_given(engine_config.cache_config.kv_cache_layout)

@@ -237,7 +237,7 @@ def model_ns(total=4, use_mla=False):
 def test_properties_vllm_does_not_read_are_not_read():
     # nnodes_within_dp raises in vLLM for some DP layouts; vLLM reads it last in the
     # replicated chain, and model_config.dtype only when cache_dtype == "auto".
-    spec = FullAttentionSpec(block_size=16, num_kv_heads=4, head_size=64, dtype=TorchDtype("bf16"))
+    spec = FullAttentionSpec(block_size=16, num_kv_heads=4, head_size=64, dtype=TorchDtype("bfloat16"))
     vcfg, kv = lazy_vllm_like(spec, parallel=parallel_ns(), model=model_ns())
     cfg = offloading_config_from_vllm(vcfg, kv)
     assert cfg.model.dtype == "fp8" and cfg.replicated_layout is False
@@ -330,3 +330,17 @@ def test_importing_the_library_imports_neither_torch_nor_vllm():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_kv_cache_layout_is_copied_as_vllm_copies_it_unchecked():
+    """vLLM's own scheduler/config tests leave `kv_cache_layout` a test double: vLLM
+    copies it without looking, and so does the adapter (our own constructors check)."""
+    from jax_kvoffload.config import CacheConfig, ConfigTypeError
+
+    spec = FullAttentionSpec(block_size=16, num_kv_heads=4, head_size=64, dtype=TorchDtype("bfloat16"))
+    for layout in (object(), "NHD", None):
+        vcfg, kv = vllm_like(spec)
+        vcfg.cache_config.kv_cache_layout = layout
+        assert offloading_config_from_vllm(vcfg, kv).kv_cache_layout is layout
+    with pytest.raises(ConfigTypeError, match="kv_cache_layout"):
+        CacheConfig(block_size=16, kv_cache_layout=object())
