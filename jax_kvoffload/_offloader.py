@@ -38,7 +38,9 @@ from jax_kvoffload._offloader_checks import (
     assemble,
     check_block_ids,
     check_caches,
+    check_flag,
     check_hashes,
+    check_timeout,
 )
 from jax_kvoffload._offloader_jobs import Job, JobBook
 from jax_kvoffload._offloader_stats import OffloaderAccounting
@@ -240,6 +242,7 @@ class KVOffloader(JobBook):
         with self._guard:
             self._check_open()
             g = self._group(group)
+            wait = check_flag("wait", wait)
             keys = [make_offload_key(h, g) for h in self._chunk_hashes(check_hashes(block_hashes))]
             window = self._groups[g].sliding_window_size_in_chunks
             if self._tiers is not None:
@@ -258,6 +261,7 @@ class KVOffloader(JobBook):
         Interruptible. Without tiers: True at once."""
         with self._guard:
             self._check_open()
+            timeout = check_timeout("timeout", timeout)
             if self._tiers is None:
                 return True
             if self._unsettled or self._engine.has_finished():
@@ -283,6 +287,10 @@ class KVOffloader(JobBook):
             keys = [make_offload_key(h, g) for h in hashes]
             window = self._groups[g].sliding_window_size_in_chunks
             offered = keys if window is None else keys[max(0, len(keys) - window) :]
+            # One chunk per key: the host store allocates one per key *offered* (vLLM's
+            # scheduler never repeats one), and a second chunk under the same key would
+            # stay write-pending for good.
+            offered = list(dict.fromkeys(offered))
             if not offered:
                 return None
             return self._start_store(g, keys, ids, offered)
@@ -429,7 +437,9 @@ class KVOffloader(JobBook):
                 if out is None or not out.keys_to_store:
                     return None
                 job = self._record(Direction.STORE, g, list(out.keys_to_store))
-            position = {k: i for i, k in enumerate(keys)}
+            position: dict[bytes, int] = {}
+            for i, k in enumerate(keys):
+                position.setdefault(k, i)
             blocks = tuple(b for key in out.keys_to_store for b in ids[position[key]])
             transfer = GroupTransfer(g, blocks, tuple(out.chunk_ids))
             self._engine.submit_store(job, [transfer])
@@ -498,7 +508,7 @@ class KVOffloader(JobBook):
         if nowhere:
             self._store.prepare_load([*ready, *nowhere])  # raises: not stored
         chunk_of = dict(zip(ready, self._store.prepare_load(ready), strict=True))
-        found = [(k, t) for k, t in zip(missing, where, strict=True) if t is not None]
+        found = list({k: t for k, t in zip(missing, where, strict=True) if t is not None}.items())
         started = tiers.promote(g, [k for k, _ in found], [t for _, t in found], protect=ready)
         if len(started) < len(found):
             self._store.complete_load(ready)

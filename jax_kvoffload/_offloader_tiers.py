@@ -270,6 +270,12 @@ class TierPath:
         `protect`: keys the caller counts on staying in the host (offered alongside, so
         this allocation never evicts them). Returns the keys whose promotion started.
         """
+        # Each key once: the store allocates a chunk per key offered, and only one of
+        # two chunks under a key could ever be filled (the other stays write-pending).
+        first: dict[bytes, int] = {}
+        for k, t in zip(keys, tier_of, strict=True):
+            first.setdefault(k, t)
+        keys, tier_of = list(first), list(first.values())
         if not keys:
             return []
         store = self._store

@@ -1,0 +1,169 @@
+"""`KVOffloader`'s tier path from the public API, used the way a careless or hostile
+caller would: repeated block hashes in one call, timeouts that are not numbers, a
+`wait=` that is not a bool, tiers that are not quite tiers.
+
+Each case ends with the checks that matter: every job reported once, the bytes a
+successful load delivers are the bytes stored under its keys, no chunk left pinned or
+write-pending, and no call that waits without bound."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from jax_kvoffload.errors import KVOffloadTypeError, KVOffloadValueError
+from tests.faults._helpers import (
+    Reports,
+    blocks,
+    config,
+    expected,
+    hashes,
+    offloader,
+    pins,
+    write_blocks,
+)
+from tests.faults._tiers import FakeTier
+
+
+def stored_in(tier: FakeTier, prompt: str = "a", n: int = 4) -> list[bytes]:
+    """A first engine stores `prompt`'s chunks, which cascade into `tier`."""
+    off = offloader(config(), tiers=[tier])
+    hs = hashes(prompt, n)
+    write_blocks(off, list(range(n)), hs)
+    assert off.wait([off.store(hs, list(range(n)))])[0].success
+    assert off.flush_tiers(timeout=30)
+    off.close()
+    return hs
+
+
+# -- one hash twice in one call -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("with_tier", [False, True])
+def test_a_store_naming_a_chunk_twice_leaves_no_chunk_write_pending(with_tier):
+    # The chunk key [h1, h1] (blocks [h0, h1, h0, h1]) used to get two host chunks; the
+    # second stayed write-pending forever (never evictable: the host store shrank by
+    # one chunk per such call until every offer was dropped).
+    tier = FakeTier()
+    off = offloader(config(), tiers=[tier] if with_tier else None)
+    h = hashes("x", 2)
+    twice = [h[0], h[1], h[0], h[1]]
+    write_blocks(off, [0, 1, 2, 3], twice)
+    (result,) = off.wait([off.store(twice, [0, 1, 2, 3])])
+    assert result.success and off.flush_tiers(timeout=30)
+    assert pins(off) == (0, 0), "a chunk is left pinned or write-pending"
+    assert off._store.num_occupied_chunks == 1  # one key, one chunk
+    assert off.lookup(h) == 2
+    assert off.wait([off.load(h, [10, 11])])[0].success
+    np.testing.assert_array_equal(blocks(off, [10, 11]), expected(h))
+    off.close()
+    tier.close()
+
+
+def test_a_lookup_and_a_load_naming_a_tier_chunk_twice_promote_it_once():
+    # Used to raise KeyError out of lookup() and leave two chunks write-pending.
+    tier = FakeTier()
+    hs = stored_in(tier)
+    twice = [hs[0], hs[1], hs[0], hs[1]]
+    off = offloader(config(), seed=3, tiers=[tier])
+    assert off.lookup(twice) == 4
+    assert off.tier_stats[0].promoted == 1 and pins(off) == (0, 0)
+    reports = Reports()
+    job = reports.issue(off.load(twice, [10, 11, 12, 13]))
+    (result,) = reports.record(off.wait([job]))
+    reports.check_exactly_once()
+    assert result.success
+    np.testing.assert_array_equal(blocks(off, [10, 11, 12, 13]), expected(twice))
+    assert pins(off) == (0, 0)
+    off.close()
+    # A load given the repeated tier chunk directly (no lookup): one promotion, one pin.
+    other = offloader(config(), seed=4, tiers=[tier])
+    (result,) = other.wait([other.load(twice, [20, 21, 22, 23])])
+    assert result.success and pins(other) == (0, 0)
+    np.testing.assert_array_equal(blocks(other, [20, 21, 22, 23]), expected(twice))
+    assert other.tier_stats[0].promotion_jobs == 1
+    other.close()
+    tier.close()
+
+
+# -- arguments that are not what they say --------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "timeout, family",
+    [
+        (float("nan"), KVOffloadValueError),  # used to wait without bound
+        ("1", KVOffloadTypeError),
+        (True, KVOffloadTypeError),
+        ([1], KVOffloadTypeError),
+    ],
+)
+def test_flush_tiers_refuses_a_timeout_that_is_not_a_number(timeout, family):
+    tier = FakeTier()
+    tier.store_gate = threading.Event()  # a cascade stays in flight
+    off = offloader(config(), tiers=[tier])
+    hs = hashes("t", 4)
+    write_blocks(off, [0, 1, 2, 3], hs)
+    off.wait([off.store(hs, [0, 1, 2, 3])])
+    done = {}
+
+    def flush():
+        try:
+            done["value"] = off.flush_tiers(timeout=timeout)
+        except Exception as e:  # noqa: BLE001 - the family is checked below
+            done["value"] = e
+
+    caller = threading.Thread(target=flush, daemon=True)
+    caller.start()
+    caller.join(5)
+    hung = caller.is_alive()
+    tier.store_gate.set()
+    caller.join(10)
+    assert not hung, f"flush_tiers(timeout={timeout!r}) waited without bound"
+    assert isinstance(done["value"], family), done["value"]
+    assert off.flush_tiers(timeout=-1) in (True, False)  # a past deadline: at once
+    assert off.flush_tiers(timeout=float("inf"))  # no bound, as None
+    off.close()
+    tier.close()
+
+
+@pytest.mark.parametrize("wait", ["no", None, 0, 1.0, [True]])
+def test_lookup_wait_must_be_a_bool(wait):
+    # "no" used to wait (truthy), None not to: an argument error names it instead.
+    tier = FakeTier()
+    off = offloader(config(), tiers=[tier])
+    with pytest.raises(KVOffloadTypeError, match="wait"):
+        off.lookup(hashes("w", 4), wait=wait)
+    assert off.lookup(hashes("w", 4), wait=False) == 0
+    off.close()
+    tier.close()
+
+
+class NoMedium(FakeTier):
+    medium = ""  # SecondaryTier's default: a subclass that forgot to say
+
+
+class NotATier:
+    medium = "remote"
+
+
+def test_a_tier_without_a_known_medium_is_refused_when_the_offloader_is_built():
+    # Used to be accepted, then stats() / tier_stats raised ValueError from any thread
+    # (a metrics exporter), after the tier had already taken cascades.
+    tier = NoMedium()
+    with pytest.raises(KVOffloadValueError, match="medium"):
+        offloader(config(), tiers=[tier])
+    tier.close()
+    with pytest.raises(KVOffloadTypeError, match="SecondaryTier"):
+        offloader(config(), tiers=[NotATier()])
+
+
+def test_tiers_given_as_an_iterator_are_used():
+    # A generator used to be consumed by the type check, leaving no tier at all.
+    tier = FakeTier()
+    off = offloader(config(), tiers=(t for t in [tier]))
+    assert off.secondary_tiers == (tier,)
+    off.close()
+    tier.close()
