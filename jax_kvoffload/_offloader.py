@@ -247,8 +247,8 @@ class KVOffloader(JobBook):
             window = self._groups[g].sliding_window_size_in_chunks
             if self._tiers is not None:
                 self._tiers.process()
-                n = self._tiers.lookup(g, keys, window, wait)
-                self._stats.on_lookup(g, n, n * self._bpc)  # found in the host or a tier
+                n, found = self._tiers.lookup(g, keys, window, wait)
+                self._stats.on_lookup(g, found, n * self._bpc)  # in the host or a tier
                 return n * self._bpc
             hits = [self._store.lookup(k) is LookupResult.HIT for k in keys]
             n = prefix_chunks(hits, window)
