@@ -117,8 +117,9 @@ class OffloadStats:
       misses: lookups answered "not stored".
       hit_tokens: tokens in the chunks answered HIT (per chunk: blocks_per_chunk x the
         group's tokens per block), and with secondary tiers the chunks a
-        `KVOffloader.lookup` found in a tier (promoted or being promoted). None where the plug-in's groups differ in tokens
-        per chunk (its manager does not see which group a key is of).
+        `KVOffloader.lookup` found in a tier (promoted or being promoted). None where
+        the plug-in's groups differ in tokens per chunk (its manager does not see which
+        group a key is of).
       prefix_lookups: `KVOffloader.lookup` calls (None for the vLLM plug-in, whose
         scheduler decides how much of a hit it uses).
       prefix_hit_tokens: tokens those calls returned as loadable (the leading hit

@@ -112,7 +112,7 @@ def test_flush_tiers_refuses_a_timeout_that_is_not_a_number(timeout, family):
     def flush():
         try:
             done["value"] = off.flush_tiers(timeout=timeout)
-        except Exception as e:  # noqa: BLE001 - the family is checked below
+        except Exception as e:
             done["value"] = e
 
     caller = threading.Thread(target=flush, daemon=True)
