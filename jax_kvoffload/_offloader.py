@@ -45,11 +45,12 @@ from jax_kvoffload._offloader_checks import (
 from jax_kvoffload._offloader_jobs import Job, JobBook
 from jax_kvoffload._offloader_stats import OffloaderAccounting
 from jax_kvoffload._offloader_tiers import TierPath, TierPathStats, prefix_chunks
+from jax_kvoffload.assembly import engine_pages
 from jax_kvoffload.config import OffloadingConfig
 from jax_kvoffload.errors import KVOffloadStateError
 from jax_kvoffload.stats import OffloadStats, TierStats
 from jax_kvoffload.store import LookupResult, make_offload_key
-from jax_kvoffload.tiers import SecondaryTier
+from jax_kvoffload.tiers import SecondaryTier, namespace_digest
 from jax_kvoffload.transfer import (
     Direction,
     GroupCaches,
@@ -140,6 +141,7 @@ class KVOffloader(JobBook):
             TierPath(parts.tiers, self._store, self._pool, self._pin) if parts.tiers else None
         )
         self._own_tiers = tiers is None
+        self._tier_namespace = namespace_digest(config, pages=engine_pages(caches))
         self._guard = SingleCaller("KVOffloader", OffloaderStateError)
         self._jobs: dict[int, Job] = {}  # in flight (engine) or unsettled
         self._unsettled: deque[TransferResult] = deque()  # ended, store not yet told
@@ -192,6 +194,13 @@ class KVOffloader(JobBook):
     def tier_stats(self) -> tuple[TierPathStats, ...]:
         """Per secondary tier: cascaded, promoted, dropped, bytes, seconds (docs/tiers.md)."""
         return () if self._tiers is None else self._tiers.stats()
+
+    @property
+    def tier_namespace(self) -> bytes:
+        """The namespace of the entries this engine's tiers hold: its config and how its
+        caches lay out a page (`namespace_digest(config, pages=engine_pages(caches))`);
+        open tiers passed as `tiers=` in it."""
+        return self._tier_namespace
 
     @property
     def secondary_tiers(self) -> tuple[SecondaryTier, ...]:

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 import pallas_kernels as pk
-from jax_kvoffload.assembly import HostTierParts, assemble_host_tier
+from jax_kvoffload.assembly import HostTierParts, assemble_host_tier, engine_pages
 from jax_kvoffload.config import OffloadingConfig, host_tier_config
 from jax_kvoffload.config.internals import as_dtype
 from jax_kvoffload.errors import KVOffloadError, KVOffloadTypeError, KVOffloadValueError
@@ -271,6 +271,7 @@ def assemble(
             replicated_layout=False if canonical else config.replicated_layout,
             enable_events=config.enable_kv_cache_events,
             tiers=None if tiers is None else tuple(tiers),
+            pages=engine_pages(caches),
         )
     except KVOffloadError:
         raise
