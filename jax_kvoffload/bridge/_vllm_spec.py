@@ -73,6 +73,7 @@ def build_spec_classes() -> dict[str, type]:
     from jax_kvoffload.bridge._vllm_manager import build_manager_class, install_vllm_types
     from jax_kvoffload.bridge._vllm_metrics import (
         metric_definitions,
+        our_definitions,
         spec_stats,
         tokens_per_chunk,
     )
@@ -165,8 +166,11 @@ def build_spec_classes() -> dict[str, type]:
         @classmethod
         def build_metric_definitions(cls, extra_config: dict[str, Any]) -> dict[str, Any]:
             tiered = _tiering_extra(extra_config)
-            if tiered is not None:  # vLLM's tiering metrics, and each tier's
-                return TieringOffloadingSpec.build_metric_definitions(tiered)
+            if tiered is not None:  # vLLM's tiering metrics, each tier's, and our primary's
+                return {
+                    **TieringOffloadingSpec.build_metric_definitions(tiered),
+                    **our_definitions(),
+                }
             return metric_definitions(extra_config)  # vLLM's CPU-spec metrics, then ours
 
         @classmethod
