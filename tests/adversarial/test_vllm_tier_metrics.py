@@ -75,5 +75,9 @@ def test_every_name_a_tiered_payload_carries_is_declared(tmp_path, tier):
     for name, value in after.items():  # counters never go down
         if name[0].endswith("_total") and name in before:
             assert value >= before[name], name
+    # The snapshot's store side is the primary tier's, hit tokens included (one group:
+    # a chunk is 2 blocks of 16 tokens); it used to be None with tiers.
+    stats = spec.stats()
+    assert (stats.hits, stats.hit_tokens) == (1, 32)
     deprecated = [v for (n, _), v in after.items() if n.startswith(DEPRECATED)]
     assert deprecated and not any(deprecated), "vLLM feeds these only for its own CPU spec"
