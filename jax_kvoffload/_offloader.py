@@ -302,6 +302,10 @@ class KVOffloader(JobBook):
             offered = list(dict.fromkeys(offered))
             if not offered:
                 return None
+            if self._tiers is not None:
+                # Finished cascades unpin their chunks first, so the store can evict
+                # them (vLLM's tiering prepare_store polls its tiers for this reason).
+                self._tiers.process()
             return self._start_store(g, keys, ids, offered)
 
     def load(
@@ -353,6 +357,8 @@ class KVOffloader(JobBook):
             self._engine.join(in_engine)  # blocks; may be interrupted, changes nothing
             with deferred_interrupts():
                 self._settle(self._engine.wait(in_engine))
+            if self._tiers is not None:
+                self._tiers.process()  # finished tier jobs release their pins
             return self._take_ready(ids)
 
     def reset_cache(self) -> None:

@@ -167,3 +167,25 @@ def test_tiers_given_as_an_iterator_are_used():
     assert off.secondary_tiers == (tier,)
     off.close()
     tier.close()
+
+
+# -- finished cascades release their pins before a store needs room -----------------------
+
+
+def test_a_store_loop_keeps_storing_once_the_host_is_full_of_cascaded_chunks():
+    # The cascades' pins were released only by poll / lookup / load / flush_tiers: an
+    # engine that only stores and waits (a writer) had every offer dropped once the host
+    # was full, though each cascade had long finished (vLLM's prepare_store polls the
+    # tiers first for this reason).
+    tier = FakeTier()
+    off = offloader(config(chunks=2), tiers=[tier])
+    for i in range(4):
+        h = hashes(f"loop{i}", 4)  # 2 chunks: the whole host each time
+        write_blocks(off, [0, 1, 2, 3], h)
+        job = off.store(h, [0, 1, 2, 3])
+        assert job is not None, f"store {i} was dropped: the host is pinned by {pins(off)}"
+        assert off.wait([job])[0].success
+        assert tier.drain(10)  # the cascade has finished (not yet seen by the offloader)
+    assert len(tier.entries) == 8
+    off.close()
+    tier.close()
