@@ -267,7 +267,9 @@ class KVOffloader(JobBook):
     def flush_tiers(self, timeout: float | None = None) -> bool:
         """Waits until every cascade and promotion in flight has ended (e.g. before a
         process exits, so that what it stored is in the tiers); False on timeout.
-        Interruptible. Without tiers: True at once."""
+        A store still in the transfer engine has no cascade yet: `wait()` for it first
+        (`close()` waits for both). `timeout`: seconds or None (no bound); NaN is
+        refused. Interruptible. Without tiers: True at once."""
         with self._guard:
             self._check_open()
             timeout = check_timeout("timeout", timeout)
