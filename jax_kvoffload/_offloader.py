@@ -43,6 +43,7 @@ from jax_kvoffload._offloader_checks import (
     check_timeout,
 )
 from jax_kvoffload._offloader_jobs import Job, JobBook
+from jax_kvoffload._offloader_loads import locate_missing, prepare_load
 from jax_kvoffload._offloader_stats import OffloaderAccounting
 from jax_kvoffload._offloader_tiers import TierPath, TierPathStats, prefix_chunks
 from jax_kvoffload.assembly import engine_pages
@@ -468,10 +469,10 @@ class KVOffloader(JobBook):
 
     def _start_load(self, g: int, keys: list[bytes], ids: list[list[int]]) -> int:
         job = None
-        where = self._locate_missing(keys)  # tier I/O: outside the deferred block
+        where = locate_missing(self._tiers, keys)  # tier I/O: outside the deferred block
         try:
             with deferred_interrupts():
-                chunk_ids, pinned, waits = self._prepare_load(g, keys, where)
+                chunk_ids, pinned, waits = prepare_load(self._store, self._tiers, g, keys, where)
                 job = self._record(Direction.LOAD, g, pinned)
                 self._jobs[job].waits = waits
                 for tier_job, tier_keys in waits:
@@ -492,52 +493,3 @@ class KVOffloader(JobBook):
                 self._abandon(job)
             raise
         return job
-
-    def _locate_missing(self, keys: list[bytes]) -> dict[bytes, int]:
-        """The tier holding each key the host lacks (bounded tier calls; none while
-        promotions are held after a reset)."""
-        tiers = self._tiers
-        if tiers is None:
-            return {}
-        tiers.process()
-        missing = [k for k in keys if tiers.host_state(k) is LookupResult.MISS]
-        if not missing or tiers.promotions_held():
-            return {}
-        return {k: t for k, t in zip(missing, tiers.locate(missing), strict=True) if t is not None}
-
-    def _prepare_load(
-        self, g: int, keys: list[bytes], located: dict[bytes, int]
-    ) -> tuple[list[int], list[bytes], list]:
-        """Chunk ids of `keys`, the keys pinned now, and the promotions to wait for.
-
-        Keys in the host are pinned; keys a promotion is filling are waited for; keys
-        only a tier holds (`located`) are promoted now. A key found nowhere raises the
-        store's error before anything changes (as a load of a key not stored always has)."""
-        tiers = self._tiers
-        if tiers is None:
-            return list(self._store.prepare_load(keys)), keys, []
-        state = [tiers.host_state(k) for k in keys]
-        ready = [k for k, st in zip(keys, state, strict=True) if st is not LookupResult.MISS
-                 and tiers.promotion_of(k) is None]  # fmt: skip
-        missing = [k for k, st in zip(keys, state, strict=True) if st is LookupResult.MISS]
-        where = [located.get(k) for k in missing]
-        nowhere = [k for k, t in zip(missing, where, strict=True) if t is None]
-        if nowhere:
-            self._store.prepare_load([*ready, *nowhere])  # raises: not stored
-        chunk_of = dict(zip(ready, self._store.prepare_load(ready), strict=True))
-        found = list({k: t for k, t in zip(missing, where, strict=True) if t is not None}.items())
-        started = tiers.promote(g, [k for k, _ in found], [t for _, t in found], protect=ready)
-        if len(started) < len(found):
-            self._store.complete_load(ready)
-            raise OffloaderError(
-                f"group {g}: {len(found) - len(started)} chunk(s) are in a secondary tier "
-                "but the host store has no room to promote them now; call lookup() first "
-                "(it promotes what it counts), or load fewer chunks"
-            )
-        waits: dict[int, tuple[Any, list[bytes]]] = {}
-        for k in keys:
-            tier_job = tiers.promotion_of(k)
-            if tier_job is not None and k not in chunk_of:
-                chunk_of[k] = tier_job.chunks[k]
-                waits.setdefault(id(tier_job), (tier_job, []))[1].append(k)
-        return [chunk_of[k] for k in keys], ready, list(waits.values())

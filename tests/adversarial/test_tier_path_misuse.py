@@ -189,3 +189,31 @@ def test_a_store_loop_keeps_storing_once_the_host_is_full_of_cascaded_chunks():
     assert len(tier.entries) == 8
     off.close()
     tier.close()
+
+
+@pytest.mark.parametrize("error", [RuntimeError("a policy failed"), KeyboardInterrupt()])
+def test_a_load_whose_promotion_raises_leaves_no_pin(monkeypatch, error):
+    # The chunks already in the host were pinned before the tier chunks' promotion was
+    # prepared; an error there (the host store's eviction policy, an interrupt injected
+    # at the store call) left them pinned for good.
+    from jax_kvoffload.store import HostStore
+
+    tier = FakeTier()
+    hs = stored_in(tier)
+    off = offloader(config(), seed=3, tiers=[tier])
+    assert off.lookup(hs[:2]) == 2  # chunk 0 in the host, chunk 1 only in the tier
+    real = HostStore.prepare_store
+
+    def failing(self, *args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(HostStore, "prepare_store", failing)
+    with pytest.raises(type(error)):
+        off.load(hs, [10, 11, 12, 13])
+    monkeypatch.setattr(HostStore, "prepare_store", real)
+    assert pins(off) == (0, 0)
+    (result,) = off.wait([off.load(hs, [10, 11, 12, 13])])  # works afterwards
+    assert result.success and pins(off) == (0, 0)
+    np.testing.assert_array_equal(blocks(off, [10, 11, 12, 13]), expected(hs))
+    off.close()
+    tier.close()
