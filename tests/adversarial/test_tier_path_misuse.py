@@ -217,3 +217,14 @@ def test_a_load_whose_promotion_raises_leaves_no_pin(monkeypatch, error):
     np.testing.assert_array_equal(blocks(off, [10, 11, 12, 13]), expected(hs))
     off.close()
     tier.close()
+
+
+@pytest.mark.parametrize("host_pool", ["np.zeros(2)", "HostChunkPool", "['pinned']"])
+def test_host_pool_is_a_pool_name_and_says_so(host_pool):
+    # An array used to fail with numpy's "truth value of an array is ambiguous".
+    from jax_kvoffload.transfer import HostChunkPool
+
+    value = {"np.zeros(2)": np.zeros(2), "HostChunkPool": HostChunkPool(2, {0: 8}, 2),
+             "['pinned']": ["pinned"]}[host_pool]  # fmt: skip
+    with pytest.raises(KVOffloadTypeError, match=r"host_pool.*pool name"):
+        offloader(config(), host_pool=value)
