@@ -228,3 +228,35 @@ def test_host_pool_is_a_pool_name_and_says_so(host_pool):
              "['pinned']": ["pinned"]}[host_pool]  # fmt: skip
     with pytest.raises(KVOffloadTypeError, match=r"host_pool.*pool name"):
         offloader(config(), host_pool=value)
+
+
+class Raising(FakeTier):
+    """A tier raising in every method the tier path calls."""
+
+    def contains(self, keys):
+        raise RuntimeError("contains")
+
+    def submit_store(self, items):
+        raise RuntimeError("submit_store")
+
+    def submit_load(self, items):
+        raise RuntimeError("submit_load")
+
+
+def test_a_tier_raising_everywhere_costs_misses_and_counts_never_a_call():
+    tier = Raising()
+    off = offloader(config(), tiers=[tier])
+    hs = hashes("r", 4)
+    write_blocks(off, [0, 1, 2, 3], hs)
+    reports = Reports()
+    job = reports.issue(off.store(hs, [0, 1, 2, 3]))
+    assert reports.record(off.wait([job]))[0].success  # the cascade failed, not the store
+    assert off.tier_stats[0].cascade_failed == 2 and pins(off) == (0, 0)
+    assert off.lookup(hashes("other", 4)) == 0  # the tier's lookup failed: misses
+    assert off.lookup(hs) == 4  # the host still serves
+    assert off.flush_tiers(timeout=5)
+    off.reset_cache()
+    assert off.stats().tiers[0].failed == 2
+    reports.record(off.close())
+    reports.check_exactly_once()
+    tier.close()
