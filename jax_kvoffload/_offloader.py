@@ -38,16 +38,20 @@ from jax_kvoffload._offloader_checks import (
     assemble,
     check_block_ids,
     check_caches,
+    check_flag,
     check_hashes,
+    check_timeout,
 )
 from jax_kvoffload._offloader_jobs import Job, JobBook
+from jax_kvoffload._offloader_loads import locate_missing, prepare_load
 from jax_kvoffload._offloader_stats import OffloaderAccounting
 from jax_kvoffload._offloader_tiers import TierPath, TierPathStats, prefix_chunks
+from jax_kvoffload.assembly import engine_pages
 from jax_kvoffload.config import OffloadingConfig
 from jax_kvoffload.errors import KVOffloadStateError
 from jax_kvoffload.stats import OffloadStats, TierStats
 from jax_kvoffload.store import LookupResult, make_offload_key
-from jax_kvoffload.tiers import SecondaryTier
+from jax_kvoffload.tiers import SecondaryTier, namespace_digest
 from jax_kvoffload.transfer import (
     Direction,
     GroupCaches,
@@ -138,6 +142,7 @@ class KVOffloader(JobBook):
             TierPath(parts.tiers, self._store, self._pool, self._pin) if parts.tiers else None
         )
         self._own_tiers = tiers is None
+        self._tier_namespace = namespace_digest(config, pages=engine_pages(caches))
         self._guard = SingleCaller("KVOffloader", OffloaderStateError)
         self._jobs: dict[int, Job] = {}  # in flight (engine) or unsettled
         self._unsettled: deque[TransferResult] = deque()  # ended, store not yet told
@@ -192,6 +197,13 @@ class KVOffloader(JobBook):
         return () if self._tiers is None else self._tiers.stats()
 
     @property
+    def tier_namespace(self) -> bytes:
+        """The namespace of the entries this engine's tiers hold: its config and how its
+        caches lay out a page (`namespace_digest(config, pages=engine_pages(caches))`);
+        open tiers passed as `tiers=` in it."""
+        return self._tier_namespace
+
+    @property
     def secondary_tiers(self) -> tuple[SecondaryTier, ...]:
         """The tiers behind the host store (their own `stats()`), in lookup order."""
         return () if self._tiers is None else self._tiers.tiers
@@ -240,12 +252,13 @@ class KVOffloader(JobBook):
         with self._guard:
             self._check_open()
             g = self._group(group)
+            wait = check_flag("wait", wait)
             keys = [make_offload_key(h, g) for h in self._chunk_hashes(check_hashes(block_hashes))]
             window = self._groups[g].sliding_window_size_in_chunks
             if self._tiers is not None:
                 self._tiers.process()
-                n = self._tiers.lookup(g, keys, window, wait)
-                self._stats.on_lookup(g, n, n * self._bpc)  # found in the host or a tier
+                n, found = self._tiers.lookup(g, keys, window, wait)
+                self._stats.on_lookup(g, found, n * self._bpc)  # in the host or a tier
                 return n * self._bpc
             hits = [self._store.lookup(k) is LookupResult.HIT for k in keys]
             n = prefix_chunks(hits, window)
@@ -255,9 +268,12 @@ class KVOffloader(JobBook):
     def flush_tiers(self, timeout: float | None = None) -> bool:
         """Waits until every cascade and promotion in flight has ended (e.g. before a
         process exits, so that what it stored is in the tiers); False on timeout.
-        Interruptible. Without tiers: True at once."""
+        A store still in the transfer engine has no cascade yet: `wait()` for it first
+        (`close()` waits for both). `timeout`: seconds or None (no bound); NaN is
+        refused. Interruptible. Without tiers: True at once."""
         with self._guard:
             self._check_open()
+            timeout = check_timeout("timeout", timeout)
             if self._tiers is None:
                 return True
             if self._unsettled or self._engine.has_finished():
@@ -283,8 +299,16 @@ class KVOffloader(JobBook):
             keys = [make_offload_key(h, g) for h in hashes]
             window = self._groups[g].sliding_window_size_in_chunks
             offered = keys if window is None else keys[max(0, len(keys) - window) :]
+            # One chunk per key: the host store allocates one per key *offered* (vLLM's
+            # scheduler never repeats one), and a second chunk under the same key would
+            # stay write-pending for good.
+            offered = list(dict.fromkeys(offered))
             if not offered:
                 return None
+            if self._tiers is not None:
+                # Finished cascades unpin their chunks first, so the store can evict
+                # them (vLLM's tiering prepare_store polls its tiers for this reason).
+                self._tiers.process()
             return self._start_store(g, keys, ids, offered)
 
     def load(
@@ -336,6 +360,8 @@ class KVOffloader(JobBook):
             self._engine.join(in_engine)  # blocks; may be interrupted, changes nothing
             with deferred_interrupts():
                 self._settle(self._engine.wait(in_engine))
+            if self._tiers is not None:
+                self._tiers.process()  # finished tier jobs release their pins
             return self._take_ready(ids)
 
     def reset_cache(self) -> None:
@@ -429,7 +455,9 @@ class KVOffloader(JobBook):
                 if out is None or not out.keys_to_store:
                     return None
                 job = self._record(Direction.STORE, g, list(out.keys_to_store))
-            position = {k: i for i, k in enumerate(keys)}
+            position: dict[bytes, int] = {}
+            for i, k in enumerate(keys):
+                position.setdefault(k, i)
             blocks = tuple(b for key in out.keys_to_store for b in ids[position[key]])
             transfer = GroupTransfer(g, blocks, tuple(out.chunk_ids))
             self._engine.submit_store(job, [transfer])
@@ -441,10 +469,10 @@ class KVOffloader(JobBook):
 
     def _start_load(self, g: int, keys: list[bytes], ids: list[list[int]]) -> int:
         job = None
-        where = self._locate_missing(keys)  # tier I/O: outside the deferred block
+        where = locate_missing(self._tiers, keys)  # tier I/O: outside the deferred block
         try:
             with deferred_interrupts():
-                chunk_ids, pinned, waits = self._prepare_load(g, keys, where)
+                chunk_ids, pinned, waits = prepare_load(self._store, self._tiers, g, keys, where)
                 job = self._record(Direction.LOAD, g, pinned)
                 self._jobs[job].waits = waits
                 for tier_job, tier_keys in waits:
@@ -465,52 +493,3 @@ class KVOffloader(JobBook):
                 self._abandon(job)
             raise
         return job
-
-    def _locate_missing(self, keys: list[bytes]) -> dict[bytes, int]:
-        """The tier holding each key the host lacks (bounded tier calls; none while
-        promotions are held after a reset)."""
-        tiers = self._tiers
-        if tiers is None:
-            return {}
-        tiers.process()
-        missing = [k for k in keys if tiers.host_state(k) is LookupResult.MISS]
-        if not missing or tiers.promotions_held():
-            return {}
-        return {k: t for k, t in zip(missing, tiers.locate(missing), strict=True) if t is not None}
-
-    def _prepare_load(
-        self, g: int, keys: list[bytes], located: dict[bytes, int]
-    ) -> tuple[list[int], list[bytes], list]:
-        """Chunk ids of `keys`, the keys pinned now, and the promotions to wait for.
-
-        Keys in the host are pinned; keys a promotion is filling are waited for; keys
-        only a tier holds (`located`) are promoted now. A key found nowhere raises the
-        store's error before anything changes (as a load of a key not stored always has)."""
-        tiers = self._tiers
-        if tiers is None:
-            return list(self._store.prepare_load(keys)), keys, []
-        state = [tiers.host_state(k) for k in keys]
-        ready = [k for k, st in zip(keys, state, strict=True) if st is not LookupResult.MISS
-                 and tiers.promotion_of(k) is None]  # fmt: skip
-        missing = [k for k, st in zip(keys, state, strict=True) if st is LookupResult.MISS]
-        where = [located.get(k) for k in missing]
-        nowhere = [k for k, t in zip(missing, where, strict=True) if t is None]
-        if nowhere:
-            self._store.prepare_load([*ready, *nowhere])  # raises: not stored
-        chunk_of = dict(zip(ready, self._store.prepare_load(ready), strict=True))
-        found = [(k, t) for k, t in zip(missing, where, strict=True) if t is not None]
-        started = tiers.promote(g, [k for k, _ in found], [t for _, t in found], protect=ready)
-        if len(started) < len(found):
-            self._store.complete_load(ready)
-            raise OffloaderError(
-                f"group {g}: {len(found) - len(started)} chunk(s) are in a secondary tier "
-                "but the host store has no room to promote them now; call lookup() first "
-                "(it promotes what it counts), or load fewer chunks"
-            )
-        waits: dict[int, tuple[Any, list[bytes]]] = {}
-        for k in keys:
-            tier_job = tiers.promotion_of(k)
-            if tier_job is not None and k not in chunk_of:
-                chunk_of[k] = tier_job.chunks[k]
-                waits.setdefault(id(tier_job), (tier_job, []))[1].append(k)
-        return [chunk_of[k] for k in keys], ready, list(waits.values())

@@ -7,13 +7,14 @@ fail later inside a job (or silently: a float block id truncated to another bloc
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import math
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 import pallas_kernels as pk
-from jax_kvoffload.assembly import HostTierParts, assemble_host_tier
+from jax_kvoffload.assembly import HostTierParts, assemble_host_tier, engine_pages
 from jax_kvoffload.config import OffloadingConfig, host_tier_config
 from jax_kvoffload.config.internals import as_dtype
 from jax_kvoffload.errors import KVOffloadError, KVOffloadTypeError, KVOffloadValueError
@@ -176,6 +177,54 @@ def check_block_ids(block_ids: object, n_hashes: int, num_blocks: int, group: in
     return ids
 
 
+def check_flag(name: str, value: object) -> bool:
+    """`value` if it is a bool (a string such as "no" is truthy: never guessed)."""
+    if not isinstance(value, (bool, np.bool_)):
+        got = f"{type(value).__name__} {value!r}"
+        raise KVOffloadTypeError(f"{name} must be True or False, got {got}")
+    return bool(value)
+
+
+def check_timeout(name: str, value: object) -> float | None:
+    """`value` as seconds (None: no bound). NaN is refused: every deadline compared
+    with it is false, so a wait would never time out."""
+    if value is None:
+        return None
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.number)):
+        raise KVOffloadTypeError(
+            f"{name} must be a number of seconds or None, got {type(value).__name__} {value!r}"
+        )
+    seconds = float(value)
+    if math.isnan(seconds):
+        raise OffloaderError(f"{name}=nan is not a number of seconds; pass None for no bound")
+    return seconds
+
+
+_TIER_MEDIA = ("disk", "remote")
+
+
+def check_tiers(tiers: object) -> tuple[SecondaryTier, ...]:
+    """`tiers` as a tuple (an iterator is read once, here) of `SecondaryTier`s whose
+    `medium` says where their bytes are (the tier path's counters are labelled by it)."""
+    if isinstance(tiers, (str, bytes)) or not isinstance(tiers, Iterable):
+        raise KVOffloadTypeError(
+            f"tiers must be a sequence of SecondaryTier objects (open_tier(...)), got "
+            f"{type(tiers).__name__}"
+        )
+    tiers = tuple(tiers)
+    for i, tier in enumerate(tiers):
+        if not isinstance(tier, SecondaryTier):
+            raise KVOffloadTypeError(
+                f"tiers[{i}] must be a SecondaryTier (open_tier(...)), got {type(tier).__name__}"
+            )
+        if tier.medium not in _TIER_MEDIA:
+            raise OffloaderError(
+                f"tiers[{i}] ({type(tier).__name__}).medium={tier.medium!r}: a secondary tier "
+                f"says where its bytes are, one of {_TIER_MEDIA}; set the class attribute"
+            )
+    return tiers
+
+
 def budget_error(budget: Any, chunk_bytes: int) -> OffloaderError:
     return OffloaderError(
         f"cpu_bytes_to_use={budget!r} buys no chunk: one chunk takes {chunk_bytes} bytes "
@@ -204,13 +253,13 @@ def assemble(
             raise OffloaderError(
                 "cpu_bytes_to_use is required: pass it or set it in kv_connector_extra_config"
             )
+        if tiers is not None:
+            tiers = check_tiers(tiers)
         if (host.secondary_tiers or tiers) and host.store_threshold >= 2:
             raise OffloaderError(
                 f"store_threshold={host.store_threshold} is not supported with secondary "
                 "tiers (vLLM's TieringOffloadingSpec refuses it too): drop one of them"
             )
-        if tiers is not None and not all(isinstance(t, SecondaryTier) for t in tiers):
-            raise KVOffloadTypeError("tiers must be SecondaryTier objects (open_tier(...))")
         # Global (canonical) arrays hold every rank's bytes in this one process: one copy.
         canonical = config.canonical_layout
         parts = assemble_host_tier(
@@ -222,6 +271,7 @@ def assemble(
             replicated_layout=False if canonical else config.replicated_layout,
             enable_events=config.enable_kv_cache_events,
             tiers=None if tiers is None else tuple(tiers),
+            pages=engine_pages(caches),
         )
     except KVOffloadError:
         raise

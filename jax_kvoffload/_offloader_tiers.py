@@ -196,8 +196,11 @@ class TierPath:
             todo = [i for i, hit in zip(todo, found, strict=True) if not hit]
         return where
 
-    def lookup(self, group: int, keys: list[bytes], window: int | None, wait: bool) -> int:
-        """Chunks loadable now from the host, after promoting the tiers' hits.
+    def lookup(
+        self, group: int, keys: list[bytes], window: int | None, wait: bool
+    ) -> tuple[int, int]:
+        """Chunks loadable now from the host, after promoting the tiers' hits; and the
+        chunks found (answered HIT by the host, or held by a tier: `hit_tokens`).
 
         Counts the longest prefix (`prefix_chunks`) present in the host, in a promotion
         in flight, or in a tier; promotes the tier hits the load of that prefix needs
@@ -218,6 +221,7 @@ class TierPath:
         present = [h or p or t is not None for h, p, t in
                    zip(host, promoting, tier_of, strict=True)]  # fmt: skip
         n = prefix_chunks(present, window)
+        found = sum(present)
         need = range(0 if window is None else max(0, n - window), n)
         fetch = [i for i in need if tier_of[i] is not None]
         self.promote(
@@ -227,13 +231,13 @@ class TierPath:
             protect=[keys[i] for i in need if host[i]],
         )
         if not wait:
-            return prefix_chunks(host, window)
+            return prefix_chunks(host, window), found
         jobs = {id(j): j for i in need if (j := self._pending.get(keys[i])) is not None}
         self.wait(list(jobs.values()))
         for i in need:
             if not host[i]:
                 host[i] = self.host_state(keys[i]) is LookupResult.HIT
-        return prefix_chunks(host, window)
+        return prefix_chunks(host, window), found
 
     # -- cascades -------------------------------------------------------------------------
 
@@ -270,6 +274,12 @@ class TierPath:
         `protect`: keys the caller counts on staying in the host (offered alongside, so
         this allocation never evicts them). Returns the keys whose promotion started.
         """
+        # Each key once: the store allocates a chunk per key offered, and only one of
+        # two chunks under a key could ever be filled (the other stays write-pending).
+        first: dict[bytes, int] = {}
+        for k, t in zip(keys, tier_of, strict=True):
+            first.setdefault(k, t)
+        keys, tier_of = list(first), list(first.values())
         if not keys:
             return []
         store = self._store

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from jax_kvoffload.config import (
     DiskTierConfig,
@@ -25,13 +26,14 @@ from jax_kvoffload.config import (
 )
 from jax_kvoffload.store import CPUTierCapacity, HostStore, cpu_tier_capacity
 from jax_kvoffload.tiers import SecondaryTier, namespace_digest, namespace_fields, open_tier
-from jax_kvoffload.transfer import HostChunkPool, HostPool, PinnedRowPool
+from jax_kvoffload.transfer import GroupCaches, HostChunkPool, HostPool, PinnedRowPool
 
 __all__ = [
     "HostTierParts",
     "assemble_host_tier",
     "build_pool",
     "build_store",
+    "engine_pages",
     "host_capacity",
     "open_tiers",
 ]
@@ -82,18 +84,41 @@ def build_pool(
     return HostChunkPool(num_chunks, bytes_per_block, blocks_per_chunk)
 
 
+def engine_pages(caches: Mapping[int, GroupCaches]) -> list[dict[str, Any]]:
+    """How a JAX engine's caches lay out one block, per group: what a tier namespace
+    needs beyond the config, which names neither the page format (NHD, HND, ...) nor
+    how K and V are arranged nor the page's shape (heads, head size). Global arrays
+    give the same pages on any mesh, so this does not depend on the sharding."""
+    out = []
+    for g in sorted(caches):
+        gc = caches[g]
+        first = gc.arrays[0]
+        out.append(
+            {
+                "group": g,
+                "page_format": gc.layout.page_format.value,
+                "kv_stacking": gc.layout.kv_stacking.value,
+                "arrays": len(gc.arrays),
+                "page_shape": list(gc.layout.page_shape(tuple(first.shape))),
+                "itemsize": first.dtype.itemsize,
+            }
+        )
+    return out
+
+
 def open_tiers(
-    config: OffloadingConfig, host: HostTierConfig, *, rank: int | None = None
+    config: OffloadingConfig, host: HostTierConfig, *, rank: int | None = None, pages: Any = None
 ) -> tuple[SecondaryTier, ...]:
-    """Our tiers of `host.secondary_tiers`, in order, in the config's namespace.
+    """Our tiers of `host.secondary_tiers`, in order, in the config's namespace (with
+    `pages`, e.g. `engine_pages(caches)`, where the config does not describe them).
 
     `rank=None`: a payload holds every worker's bytes of a chunk (one JAX process
     driving the whole mesh; vLLM's scheduler-side rows). vLLM's own tier types only
     vLLM builds: `JaxOffloadingSpec` hands those to vLLM's tier factory instead.
     If one tier cannot be opened, those opened before it are closed again.
     """
-    namespace = namespace_digest(config, rank=rank)
-    describe = namespace_fields(config, rank=rank)
+    namespace = namespace_digest(config, rank=rank, pages=pages)
+    describe = namespace_fields(config, rank=rank, pages=pages)
     opened: list[SecondaryTier] = []
     try:
         for i, tier in enumerate(host.secondary_tiers):
@@ -124,6 +149,7 @@ def assemble_host_tier(
     replicated_layout: bool = False,
     enable_events: bool = False,
     tiers: tuple[SecondaryTier, ...] | None = None,
+    pages: Any = None,
 ) -> HostTierParts:
     """Store + pool + tiers for one process that is both scheduler and worker.
 
@@ -134,6 +160,7 @@ def assemble_host_tier(
       worker_kv_bytes_per_block, world_size, replicated_layout: the capacity's inputs.
       enable_events: the store records KV events.
       tiers: tiers already opened (used instead of opening `host.secondary_tiers`).
+      pages: the engine's page description for the tiers' namespace (`engine_pages`).
     """
     capacity = host_capacity(
         host,
@@ -144,5 +171,21 @@ def assemble_host_tier(
     )
     store = build_store(host, capacity.num_chunks, enable_events=enable_events)
     pool = build_pool(host, store.num_chunks, bytes_per_block, config.cache.blocks_per_chunk)
-    opened = open_tiers(config, host) if tiers is None else tuple(tiers)
+    if tiers is None:
+        opened = open_tiers(config, host, pages=pages)
+    else:
+        opened = tuple(tiers)
+        namespace = namespace_digest(config, pages=pages)
+        for i, tier in enumerate(opened):
+            if tier.namespace != namespace:  # the caller's choice: said, not refused
+                logger.warning(
+                    "secondary tier %d (%s) was opened in namespace %s, not this engine's "
+                    "%s (namespace_digest(config, pages=engine_pages(caches))): entries of "
+                    "engines whose pages differ may be read as this engine's",
+                    i,
+                    type(tier).__name__,
+                    tier.namespace.hex()[:16],
+                    namespace.hex()[:16],
+                )
+
     return HostTierParts(host=host, capacity=capacity, store=store, pool=pool, tiers=opened)

@@ -116,8 +116,10 @@ class OffloadStats:
       hits_pending: lookups answered "a store of it is in flight".
       misses: lookups answered "not stored".
       hit_tokens: tokens in the chunks answered HIT (per chunk: blocks_per_chunk x the
-        group's tokens per block). None where the plug-in's groups differ in tokens
-        per chunk (its manager does not see which group a key is of).
+        group's tokens per block), and with secondary tiers the chunks a
+        `KVOffloader.lookup` found in a tier (promoted or being promoted). None where
+        the plug-in's groups differ in tokens per chunk (its manager does not see which
+        group a key is of).
       prefix_lookups: `KVOffloader.lookup` calls (None for the vLLM plug-in, whose
         scheduler decides how much of a hit it uses).
       prefix_hit_tokens: tokens those calls returned as loadable (the leading hit
@@ -232,6 +234,11 @@ def store_side(store: Any, hit_tokens: int | None, tiers: Sequence[TierStats] = 
     n = store.num_chunks
     occupied = store.num_occupied_chunks
     busy = occupied - store.num_evictable_chunks  # write-pending or pinned by loads
+    # Read from any thread while the caller's thread works: a chunk stored between the
+    # two reads would make `busy` negative (or larger than `occupied`); the gauges are
+    # kept in their range instead (a lock-free read of a moving store).
+    occupied = min(max(occupied, 0), n)
+    busy = min(max(busy, 0), occupied)
     return {
         "lookups": c.lookups,
         "hits": c.lookup_hits,

@@ -30,6 +30,7 @@ __all__ = [
     "CounterDeltas",
     "declare_cpu_offloading",
     "metric_definitions",
+    "our_definitions",
     "spec_stats",
     "tokens_per_chunk",
 ]
@@ -52,11 +53,18 @@ _COUNTERS = (
 
 def metric_definitions(extra_config: dict[str, Any]) -> dict[str, Any]:
     """vLLM's `CPUOffloadingSpec.build_metric_definitions(extra_config)` plus ours."""
-    from vllm.v1.kv_offload.base import OffloadingCounterMetadata, OffloadingGaugeMetadata
     from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
 
+    return {**CPUOffloadingSpec.build_metric_definitions(extra_config), **our_definitions()}
+
+
+def our_definitions() -> dict[str, Any]:
+    """The names our manager adds to every payload (`CounterDeltas`): declared by the
+    spec with or without tiers (with tiers, our store is the primary tier of vLLM's
+    tiering manager, whose payload carries the primary's)."""
+    from vllm.v1.kv_offload.base import OffloadingCounterMetadata, OffloadingGaugeMetadata
+
     return {
-        **CPUOffloadingSpec.build_metric_definitions(extra_config),
         OCCUPANCY_PERC: OffloadingGaugeMetadata(
             documentation=(
                 "Fraction of the CPU KV-cache chunks holding a chunk now (readable, "

@@ -76,6 +76,7 @@ def build_spec_classes() -> dict[str, type]:
     from jax_kvoffload.bridge._vllm_metrics import (
         declare_cpu_offloading,
         metric_definitions,
+        our_definitions,
         spec_stats,
         tokens_per_chunk,
     )
@@ -168,8 +169,11 @@ def build_spec_classes() -> dict[str, type]:
         @classmethod
         def build_metric_definitions(cls, extra_config: dict[str, Any]) -> dict[str, Any]:
             tiered = _tiering_extra(extra_config)
-            if tiered is not None:  # vLLM's tiering metrics, and each tier's
-                return TieringOffloadingSpec.build_metric_definitions(tiered)
+            if tiered is not None:  # vLLM's tiering metrics, each tier's, and our primary's
+                return {
+                    **TieringOffloadingSpec.build_metric_definitions(tiered),
+                    **our_definitions(),
+                }
             return metric_definitions(extra_config)  # vLLM's CPU-spec metrics, then ours
 
         @classmethod

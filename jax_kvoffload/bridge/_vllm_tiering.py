@@ -117,8 +117,10 @@ def build_primary_class() -> type:
         rows the workers write.
         """
 
-        def __init__(self, store: Any, config_info: Any, region: Any) -> None:
-            super().__init__(store, config_info)
+        def __init__(
+            self, store: Any, config_info: Any, region: Any, tokens_per_chunk: int | None = None
+        ) -> None:
+            super().__init__(store, config_info, tokens_per_chunk)
             self._num_chunks = store.num_chunks
             self._region = region
             self._kv_memoryview = memoryview(region.array.reshape(store.num_chunks, -1))
@@ -145,6 +147,8 @@ def build_tiering_manager(spec: Any, store: Any) -> Any:
     from vllm.v1.kv_offload.tiering.factory import SecondaryTierFactory
     from vllm.v1.kv_offload.tiering.manager import TieringOffloadingManager
 
+    from jax_kvoffload.bridge._vllm_metrics import tokens_per_chunk
+
     host: HostTierConfig = spec.host_tier
     if host.store_threshold >= 2:  # vLLM's TieringOffloadingSpec refuses it too
         raise ConfigFieldError(
@@ -160,7 +164,8 @@ def build_tiering_manager(spec: Any, store: Any) -> Any:
     region = _region(spec.offloading_config, spec.num_chunks, spec.kv_bytes_per_chunk, slot)
     primary = tiers = None
     try:
-        primary = build_primary_class()(store, spec.cpu_info.as_config_info(), region)
+        tokens = tokens_per_chunk(spec.offloading_config)  # the snapshot's hit tokens
+        primary = build_primary_class()(store, spec.cpu_info.as_config_info(), region, tokens)
         view = primary.get_kv_memoryview()
         tiers = []
         for i, entry in enumerate(vllm_tier_dicts(host)):

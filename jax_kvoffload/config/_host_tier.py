@@ -154,6 +154,12 @@ def host_tier_config(
     if math.isnan(kw["tier_poll_interval_s"]):
         raise ConfigFieldError(_KEY.format("tier_poll_interval_s"), "must not be NaN")
     pool = host_pool if host_pool is not None else get("host_pool", "numpy")
+    if not isinstance(pool, str):  # (an array's `in` would raise numpy's own error)
+        raise ConfigTypeError(
+            _KEY.format("host_pool"),
+            f"must be a pool name, one of {HOST_POOLS}, got {type(pool).__name__} (the "
+            "offloader builds its pool; a TransferEngine takes a HostPool object)",
+        )
     if pool not in HOST_POOLS:
         raise ConfigFieldError(
             _KEY.format("host_pool"), f"{pool!r} is not a host pool; use one of {HOST_POOLS}"

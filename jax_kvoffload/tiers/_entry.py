@@ -134,7 +134,11 @@ def check_header(
 
 
 def namespace_fields(
-    config: OffloadingConfig, *, codec: str = "raw", rank: int | None = None
+    config: OffloadingConfig,
+    *,
+    codec: str = "raw",
+    rank: int | None = None,
+    pages: Any = None,
 ) -> dict[str, Any]:
     """What an entry's bytes depend on, as a JSON-ready dict (the input of the digest).
 
@@ -144,6 +148,9 @@ def namespace_fields(
       rank: the worker whose bytes a payload holds, when each worker stores its own
         slice under the same key; None when a payload holds every worker's bytes of the
         chunk (vLLM's scheduler-side tiers, one JAX process driving the whole mesh).
+      pages: how the engine's caches lay out a block's page, when the config does not
+        say (a JAX engine's `GroupCaches`: `jax_kvoffload.assembly.engine_pages`); any
+        JSON value. None: the config's `kv_cache_layout` says it (vLLM's engines).
 
     Topology (tp/pp/pcp/dcp sizes, world size) is left out when the bytes do not depend
     on it: `parallel.is_parallelism_agnostic` (canonical pages, or every worker's direct
@@ -163,6 +170,11 @@ def namespace_fields(
         raise KVOffloadTypeError(f"rank must be None or an int, got {rank!r}")
     if rank is not None and rank < 0:
         raise KVOffloadValueError(f"rank must be None or an int >= 0, got {rank}")
+    if pages is not None:
+        try:
+            json.dumps(pages, sort_keys=True)
+        except (TypeError, ValueError) as e:
+            raise KVOffloadTypeError(f"pages must be a JSON value, got {pages!r}: {e}") from None
     portable = rank is None and (
         config.parallel.is_parallelism_agnostic or config.replicated_layout
     )
@@ -188,6 +200,8 @@ def namespace_fields(
         "replicated_layout": config.replicated_layout,
         "codec": codec,
     }
+    if pages is not None:  # absent otherwise: the digests of vLLM's engines stay as they are
+        fields["pages"] = pages
     if not portable:
         p = config.parallel
         fields["topology"] = {
@@ -203,7 +217,7 @@ def namespace_fields(
 
 
 def namespace_digest(
-    config: OffloadingConfig, *, codec: str = "raw", rank: int | None = None
+    config: OffloadingConfig, *, codec: str = "raw", rank: int | None = None, pages: Any = None
 ) -> bytes:
     """SHA-256 (32 bytes) of `namespace_fields(...)` as canonical JSON.
 
@@ -211,6 +225,8 @@ def namespace_digest(
     namespace's directory on disk and appear in Redis keys.
     """
     text = json.dumps(
-        namespace_fields(config, codec=codec, rank=rank), sort_keys=True, separators=(",", ":")
+        namespace_fields(config, codec=codec, rank=rank, pages=pages),
+        sort_keys=True,
+        separators=(",", ":"),
     )
     return hashlib.sha256(b"jax_kvoffload.tiers/1\n" + text.encode()).digest()

@@ -95,12 +95,14 @@ class PinnedRowPool(HostPool):
     def _spans(self, chunk_ids: list[int], first: int, n: int):
         """(chunk, first slot in it, end slot, first data row) per chunk touched."""
         bpc = self.blocks_per_chunk
+        # The whole range is checked before the first span is used: a negative `first`
+        # would index the chunk list from its end, and a range past it would fail after
+        # the slots before it were written.
+        chunks = self.slots(chunk_ids, first, n) // bpc
         done = 0
         while done < n:
             slot = first + done
-            chunk = int(chunk_ids[slot // bpc])
-            if not 0 <= chunk < self.num_chunks:
-                raise HostPoolError(f"chunk {chunk} is outside [0, {self.num_chunks})")
+            chunk = int(chunks[done])
             k0 = slot % bpc
             k1 = min(bpc, k0 + n - done)
             yield chunk, k0, k1, done

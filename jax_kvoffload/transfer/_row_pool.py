@@ -45,6 +45,11 @@ class ChunkRowPool(HostPool):
         self.num_chunks = check_index("num_chunks", num_chunks)
         self.blocks_per_chunk = check_index("blocks_per_chunk", blocks_per_chunk)
         self.bytes_per_block = _check_widths(bytes_per_block)
+        if self.num_chunks < 0 or self.blocks_per_chunk < 1:
+            raise HostPoolError(
+                f"num_chunks={self.num_chunks} must be >= 0 and blocks_per_chunk="
+                f"{self.blocks_per_chunk} >= 1"
+            )
         row_stride = check_index("row_stride", row_stride)
         area_offset = check_index("area_offset", area_offset)
         area = self.blocks_per_chunk * sum(self.bytes_per_block.values())
@@ -79,11 +84,12 @@ class ChunkRowPool(HostPool):
 
     def _spans(self, chunk_ids: list[int], first: int, n: int):
         bpc, done = self.blocks_per_chunk, 0
+        # Checked whole before the first span (as PinnedRowPool._spans): no negative
+        # index from the list's end, no partial write before a range error.
+        chunks = self.slots(chunk_ids, first, n) // bpc
         while done < n:
             slot = first + done
-            chunk = int(chunk_ids[slot // bpc])
-            if not 0 <= chunk < self.num_chunks:
-                raise HostPoolError(f"chunk {chunk} is outside [0, {self.num_chunks})")
+            chunk = int(chunks[done])
             k0 = slot % bpc
             k1 = min(bpc, k0 + n - done)
             yield chunk, k0, k1, done

@@ -1,0 +1,73 @@
+"""The load side of `KVOffloader`'s tier path: which tier holds the keys a load lacks,
+and the chunks, pins and promotions of a load (kept apart to keep modules small).
+
+Both run on the offloader's caller thread, under its guard; `prepare_load` runs inside
+the offloader's deferred-interrupt block, so its pins and the job's record go together.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from jax_kvoffload._offloader_checks import OffloaderError
+from jax_kvoffload._offloader_tiers import TierPath
+from jax_kvoffload.store import HostStore, LookupResult
+
+__all__ = ["locate_missing", "prepare_load"]
+
+
+def locate_missing(tiers: TierPath | None, keys: list[bytes]) -> dict[bytes, int]:
+    """The tier holding each key the host lacks (bounded tier calls; none while
+    promotions are held after a reset)."""
+    if tiers is None:
+        return {}
+    tiers.process()
+    missing = [k for k in keys if tiers.host_state(k) is LookupResult.MISS]
+    if not missing or tiers.promotions_held():
+        return {}
+    return {k: t for k, t in zip(missing, tiers.locate(missing), strict=True) if t is not None}
+
+
+def prepare_load(
+    store: HostStore,
+    tiers: TierPath | None,
+    g: int,
+    keys: list[bytes],
+    located: dict[bytes, int],
+) -> tuple[list[int], list[bytes], list]:
+    """Chunk ids of `keys`, the keys pinned now, and the promotions to wait for.
+
+    Keys in the host are pinned; keys a promotion is filling are waited for; keys
+    only a tier holds (`located`) are promoted now. A key found nowhere raises the
+    store's error before anything changes (as a load of a key not stored always has)."""
+    if tiers is None:
+        return list(store.prepare_load(keys)), keys, []
+    state = [tiers.host_state(k) for k in keys]
+    ready = [k for k, st in zip(keys, state, strict=True) if st is not LookupResult.MISS
+             and tiers.promotion_of(k) is None]  # fmt: skip
+    missing = [k for k, st in zip(keys, state, strict=True) if st is LookupResult.MISS]
+    where = [located.get(k) for k in missing]
+    nowhere = [k for k, t in zip(missing, where, strict=True) if t is None]
+    if nowhere:
+        store.prepare_load([*ready, *nowhere])  # raises: not stored
+    chunk_of = dict(zip(ready, store.prepare_load(ready), strict=True))
+    found = list({k: t for k, t in zip(missing, where, strict=True) if t is not None}.items())
+    try:
+        started = tiers.promote(g, [k for k, _ in found], [t for _, t in found], protect=ready)
+    except BaseException:  # no job will unpin them: the caller gets no id
+        store.complete_load(ready)
+        raise
+    if len(started) < len(found):
+        store.complete_load(ready)
+        raise OffloaderError(
+            f"group {g}: {len(found) - len(started)} chunk(s) are in a secondary tier "
+            "but the host store has no room to promote them now; call lookup() first "
+            "(it promotes what it counts), or load fewer chunks"
+        )
+    waits: dict[int, tuple[Any, list[bytes]]] = {}
+    for k in keys:
+        tier_job = tiers.promotion_of(k)
+        if tier_job is not None and k not in chunk_of:
+            chunk_of[k] = tier_job.chunks[k]
+            waits.setdefault(id(tier_job), (tier_job, []))[1].append(k)
+    return [chunk_of[k] for k in keys], ready, list(waits.values())
