@@ -80,4 +80,6 @@ def test_every_name_a_tiered_payload_carries_is_declared(tmp_path, tier):
     stats = spec.stats()
     assert (stats.hits, stats.hit_tokens) == (1, 32)
     deprecated = [v for (n, _), v in after.items() if n.startswith(DEPRECATED)]
-    assert deprecated and not any(deprecated), "vLLM feeds these only for its own CPU spec"
+    # vLLM feeds its deprecated series for CPUOffloadingSpec subclasses; ours is declared
+    # one (bridge/_vllm_metrics.declare_cpu_offloading), so they count as with vLLM's.
+    assert deprecated and any(deprecated), "the deprecated series stayed at 0"

@@ -237,7 +237,9 @@ def model_ns(total=4, use_mla=False):
 def test_properties_vllm_does_not_read_are_not_read():
     # nnodes_within_dp raises in vLLM for some DP layouts; vLLM reads it last in the
     # replicated chain, and model_config.dtype only when cache_dtype == "auto".
-    spec = FullAttentionSpec(block_size=16, num_kv_heads=4, head_size=64, dtype=TorchDtype("bfloat16"))
+    spec = FullAttentionSpec(
+        block_size=16, num_kv_heads=4, head_size=64, dtype=TorchDtype("bfloat16")
+    )
     vcfg, kv = lazy_vllm_like(spec, parallel=parallel_ns(), model=model_ns())
     cfg = offloading_config_from_vllm(vcfg, kv)
     assert cfg.model.dtype == "fp8" and cfg.replicated_layout is False
@@ -337,7 +339,9 @@ def test_kv_cache_layout_is_copied_as_vllm_copies_it_unchecked():
     copies it without looking, and so does the adapter (our own constructors check)."""
     from jax_kvoffload.config import CacheConfig, ConfigTypeError
 
-    spec = FullAttentionSpec(block_size=16, num_kv_heads=4, head_size=64, dtype=TorchDtype("bfloat16"))
+    spec = FullAttentionSpec(
+        block_size=16, num_kv_heads=4, head_size=64, dtype=TorchDtype("bfloat16")
+    )
     for layout in (object(), "NHD", None):
         vcfg, kv = vllm_like(spec)
         vcfg.cache_config.kv_cache_layout = layout
