@@ -12,7 +12,6 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from jax_kvoffload.errors import KVOffloadTypeError
 from jax_kvoffload.transfer._jobs import check_index
 from jax_kvoffload.transfer._pool_base import HostPool, HostPoolError
 from jax_kvoffload.transfer._strided import copy_rows
@@ -42,15 +41,8 @@ class HostChunkPool(HostPool):
         prefault: bool = False,
         buffer: np.ndarray | None = None,
     ) -> None:
-        num_chunks = check_index("num_chunks", num_chunks)
-        blocks_per_chunk = check_index("blocks_per_chunk", blocks_per_chunk)
-        if num_chunks < 0:
-            raise HostPoolError(f"num_chunks must be >= 0, got {num_chunks}")
-        if blocks_per_chunk < 1:
-            raise HostPoolError(f"blocks_per_chunk must be >= 1, got {blocks_per_chunk}")
-        self.num_chunks = num_chunks
-        self.blocks_per_chunk = blocks_per_chunk
-        self.bytes_per_block = _check_widths(bytes_per_block)
+        self._set_shape(num_chunks, bytes_per_block, blocks_per_chunk)
+        num_chunks, blocks_per_chunk = self.num_chunks, self.blocks_per_chunk
         # np.zeros maps zero pages lazily; prefault touches them now so that the first
         # stores do not pay page faults (worth it for long-running servers).
         if buffer is None:
@@ -186,18 +178,3 @@ class HostChunkPool(HostPool):
         slots = self.slots(chunk_ids, first, n_blocks)
         copy_rows(out, np.arange(n_blocks), src, slots, 1)
         return out
-
-
-def _check_widths(bytes_per_block: object) -> dict[int, int]:
-    if not isinstance(bytes_per_block, Mapping):
-        raise KVOffloadTypeError(
-            f"bytes_per_block must be a mapping group id -> bytes, got "
-            f"{type(bytes_per_block).__name__}"
-        )
-    out = {}
-    for g, b in bytes_per_block.items():
-        width = check_index(f"bytes_per_block[{g!r}]", b)
-        if width < 1:
-            raise HostPoolError(f"bytes_per_block[{g!r}]={width} must be >= 1")
-        out[check_index("group id", g)] = width
-    return out

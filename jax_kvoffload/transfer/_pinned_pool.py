@@ -19,7 +19,6 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from jax_kvoffload.transfer._host_pool import _check_widths
 from jax_kvoffload.transfer._jobs import check_index
 from jax_kvoffload.transfer._pool_base import HostPool, HostPoolError
 
@@ -52,15 +51,8 @@ class PinnedRowPool(HostPool):
     def __init__(
         self, num_chunks: int, bytes_per_block: Mapping[int, int], blocks_per_chunk: int
     ) -> None:
-        num_chunks = check_index("num_chunks", num_chunks)
-        blocks_per_chunk = check_index("blocks_per_chunk", blocks_per_chunk)
-        if num_chunks < 0:
-            raise HostPoolError(f"num_chunks must be >= 0, got {num_chunks}")
-        if blocks_per_chunk < 1:
-            raise HostPoolError(f"blocks_per_chunk must be >= 1, got {blocks_per_chunk}")
-        self.num_chunks = num_chunks
-        self.blocks_per_chunk = blocks_per_chunk
-        self.bytes_per_block = _check_widths(bytes_per_block)
+        self._set_shape(num_chunks, bytes_per_block, blocks_per_chunk)
+        num_chunks, blocks_per_chunk = self.num_chunks, self.blocks_per_chunk
         # Slot lists, one entry per chunk: a [bpc, bytes_per_block] uint8 array or None.
         # Threads write distinct entries (the HostPool contract); a list item assignment
         # is atomic under the GIL.
@@ -91,36 +83,6 @@ class PinnedRowPool(HostPool):
     def _group_rows(self, group: object) -> tuple[int, list[np.ndarray | None]]:
         g = self._check_group(group)
         return g, self._rows[g]
-
-    def _spans(self, chunk_ids: list[int], first: int, n: int):
-        """(chunk, first slot in it, end slot, first data row) per chunk touched."""
-        bpc = self.blocks_per_chunk
-        # The whole range is checked before the first span is used: a negative `first`
-        # would index the chunk list from its end, and a range past it would fail after
-        # the slots before it were written.
-        chunks = self.slots(chunk_ids, first, n) // bpc
-        done = 0
-        while done < n:
-            slot = first + done
-            chunk = int(chunks[done])
-            k0 = slot % bpc
-            k1 = min(bpc, k0 + n - done)
-            yield chunk, k0, k1, done
-            done += k1 - k0
-
-    def _check_rows(self, g: int, name: str, rows: np.ndarray, n: int | None = None) -> int:
-        width = rows.shape[1] if rows.ndim == 2 else -1
-        if (
-            rows.dtype != np.uint8
-            or not 0 < width <= self.bytes_per_block[g]
-            or (n is not None and rows.shape[0] != n)
-        ):
-            raise HostPoolError(
-                f"{name} must be [{'n' if n is None else n}, w] uint8 with 0 < w <= "
-                f"{self.bytes_per_block[g]} (the group's bytes per block); got {rows.dtype} "
-                f"{rows.shape}"
-            )
-        return width
 
     def write_blocks(self, group: int, chunk_ids: list[int], first: int, data: np.ndarray) -> None:
         g, rows = self._group_rows(group)

@@ -12,7 +12,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from jax_kvoffload.errors import KVOffloadValueError
+from jax_kvoffload.errors import KVOffloadTypeError, KVOffloadValueError
 from jax_kvoffload.transfer._jobs import check_index, check_indices
 
 __all__ = ["HostPool", "HostPoolError"]
@@ -124,6 +124,64 @@ class HostPool(ABC):
         bad = ids[(ids < 0) | (ids >= self.num_chunks)].tolist()
         if bad:
             raise HostPoolError(f"chunk ids {bad[:8]} are outside [0, {self.num_chunks})")
+
+    def _set_shape(
+        self, num_chunks: object, bytes_per_block: object, blocks_per_chunk: object
+    ) -> None:
+        """Checks and sets `num_chunks`, `bytes_per_block`, `blocks_per_chunk` (every
+        pool's constructor starts here)."""
+        num_chunks = check_index("num_chunks", num_chunks)
+        blocks_per_chunk = check_index("blocks_per_chunk", blocks_per_chunk)
+        if num_chunks < 0:
+            raise HostPoolError(f"num_chunks must be >= 0, got {num_chunks}")
+        if blocks_per_chunk < 1:
+            raise HostPoolError(f"blocks_per_chunk must be >= 1, got {blocks_per_chunk}")
+        if not isinstance(bytes_per_block, Mapping):
+            raise KVOffloadTypeError(
+                f"bytes_per_block must be a mapping group id -> bytes, got "
+                f"{type(bytes_per_block).__name__}"
+            )
+        widths = {}
+        for g, b in bytes_per_block.items():
+            width = check_index(f"bytes_per_block[{g!r}]", b)
+            if width < 1:
+                raise HostPoolError(f"bytes_per_block[{g!r}]={width} must be >= 1")
+            widths[check_index("group id", g)] = width
+        self.num_chunks = num_chunks
+        self.blocks_per_chunk = blocks_per_chunk
+        self.bytes_per_block = widths
+
+    def _spans(self, chunk_ids: list[int], first: int, n: int):
+        """(chunk, first slot in it, end slot, first data row) per chunk touched.
+
+        The whole range is checked (`slots`) before the first span is used: a negative
+        `first` would index the chunk list from its end, and a range past it would fail
+        after the slots before it were written."""
+        bpc = self.blocks_per_chunk
+        chunks = self.slots(chunk_ids, first, n) // bpc
+        done = 0
+        while done < n:
+            slot = first + done
+            chunk = int(chunks[done])
+            k0 = slot % bpc
+            k1 = min(bpc, k0 + n - done)
+            yield chunk, k0, k1, done
+            done += k1 - k0
+
+    def _check_rows(self, g: int, name: str, rows: np.ndarray, n: int | None = None) -> int:
+        """The width w of `rows` (`[n, w]` uint8, 0 < w <= the group's bytes per block)."""
+        width = rows.shape[1] if rows.ndim == 2 else -1
+        if (
+            rows.dtype != np.uint8
+            or not 0 < width <= self.bytes_per_block[g]
+            or (n is not None and rows.shape[0] != n)
+        ):
+            raise HostPoolError(
+                f"{name} must be [{'n' if n is None else n}, w] uint8 with 0 < w <= "
+                f"{self.bytes_per_block[g]} (the group's bytes per block); got {rows.dtype} "
+                f"{rows.shape}"
+            )
+        return width
 
     def slots(self, chunk_ids: list[int], first: int, n: int) -> np.ndarray:
         """Global slot numbers (`chunk * blocks_per_chunk + k`) of `n` consecutive

@@ -15,7 +15,6 @@ from collections.abc import Mapping
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from jax_kvoffload.transfer._host_pool import _check_widths
 from jax_kvoffload.transfer._jobs import check_index
 from jax_kvoffload.transfer._pool_base import HostPool, HostPoolError
 
@@ -42,14 +41,7 @@ class ChunkRowPool(HostPool):
         row_stride: int,
         area_offset: int = 0,
     ) -> None:
-        self.num_chunks = check_index("num_chunks", num_chunks)
-        self.blocks_per_chunk = check_index("blocks_per_chunk", blocks_per_chunk)
-        self.bytes_per_block = _check_widths(bytes_per_block)
-        if self.num_chunks < 0 or self.blocks_per_chunk < 1:
-            raise HostPoolError(
-                f"num_chunks={self.num_chunks} must be >= 0 and blocks_per_chunk="
-                f"{self.blocks_per_chunk} >= 1"
-            )
+        self._set_shape(num_chunks, bytes_per_block, blocks_per_chunk)
         row_stride = check_index("row_stride", row_stride)
         area_offset = check_index("area_offset", area_offset)
         area = self.blocks_per_chunk * sum(self.bytes_per_block.values())
@@ -82,35 +74,9 @@ class ChunkRowPool(HostPool):
     def nbytes(self) -> int:
         return self.num_chunks * self.blocks_per_chunk * sum(self.bytes_per_block.values())
 
-    def _spans(self, chunk_ids: list[int], first: int, n: int):
-        bpc, done = self.blocks_per_chunk, 0
-        # Checked whole before the first span (as PinnedRowPool._spans): no negative
-        # index from the list's end, no partial write before a range error.
-        chunks = self.slots(chunk_ids, first, n) // bpc
-        while done < n:
-            slot = first + done
-            chunk = int(chunks[done])
-            k0 = slot % bpc
-            k1 = min(bpc, k0 + n - done)
-            yield chunk, k0, k1, done
-            done += k1 - k0
-
-    def _width(self, g: int, name: str, rows: np.ndarray, n: int | None = None) -> int:
-        width = rows.shape[1] if rows.ndim == 2 else -1
-        if (
-            rows.dtype != np.uint8
-            or not 0 < width <= self.bytes_per_block[g]
-            or (n is not None and rows.shape[0] != n)
-        ):
-            raise HostPoolError(
-                f"{name} must be [{'n' if n is None else n}, w] uint8 with 0 < w <= "
-                f"{self.bytes_per_block[g]}; got {rows.dtype} {rows.shape}"
-            )
-        return width
-
     def write_blocks(self, group: int, chunk_ids: list[int], first: int, data: np.ndarray) -> None:
         g = self._check_group(group)
-        width, rows = self._width(g, "data", data), self._rows[g]
+        width, rows = self._check_rows(g, "data", data), self._rows[g]
         for chunk, k0, k1, at in self._spans(chunk_ids, first, data.shape[0]):
             rows[chunk, k0:k1, :width] = data[at : at + k1 - k0]
 
@@ -118,7 +84,7 @@ class ChunkRowPool(HostPool):
         self, group: int, chunk_ids: list[int], first: int, n_blocks: int, out: np.ndarray
     ) -> np.ndarray:
         g = self._check_group(group)
-        width, rows = self._width(g, "out", out, n_blocks), self._rows[g]
+        width, rows = self._check_rows(g, "out", out, n_blocks), self._rows[g]
         for chunk, k0, k1, at in self._spans(chunk_ids, first, n_blocks):
             out[at : at + k1 - k0] = rows[chunk, k0:k1, :width]
         return out
