@@ -164,26 +164,6 @@ __all__ = [  # noqa: RUF022
 # stay importable from here (no warning: our CI turns warnings into errors) so that code
 # written before keeps working; new code imports them from the submodule.
 _MOVED = {
-    "canonical": (
-        "ByteRegion",
-        "CANONICAL_FORMAT_VERSION",
-        "CanonicalPageMapping",
-        "CanonicalTilingError",
-        "CopyRun",
-        "KVTensorView",
-        "LayerCanonicalMappings",
-        "RankContext",
-        "canonical_format_id",
-        "coalesce_runs",
-        "derive_canonical_mappings",
-        "derive_layer_mappings",
-        "interleave_tokens",
-        "layer_mapping",
-        "layer_mapping_or_reason",
-        "opaque_fallback_mapping",
-        "rank_contexts",
-        "verify_tiling",
-    ),
     "internals": (
         "Certification",
         "FrozenDict",
@@ -203,9 +183,12 @@ _MOVED_FROM = {name: module for module, names in _MOVED.items() for name in name
 
 
 def __getattr__(name: str) -> Any:
-    module = _MOVED_FROM.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     import importlib
 
+    # Every name of the canonical submodule was exported here before the split.
+    module = _MOVED_FROM.get(name)
+    if module is None and name in importlib.import_module(f"{__name__}.canonical").__all__:
+        module = "canonical"
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     return getattr(importlib.import_module(f"{__name__}.{module}"), name)
