@@ -34,7 +34,7 @@ def _fail(message: str) -> int:
     return 2
 
 
-BENCHMARKS = ("kernels", "offload", "manager", "canonical", "mesh")
+BENCHMARKS = ("kernels", "offload", "manager", "canonical", "mesh", "tiers", "pools")
 
 
 def _bench(args: argparse.Namespace) -> int:

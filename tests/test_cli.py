@@ -248,3 +248,14 @@ def test_bench_rejects_unknown_names(capsys):
     with pytest.raises(SystemExit) as exc:
         main(["bench", "nope"])
     assert exc.value.code == 2
+
+
+def test_bench_offers_every_benchmark_script():
+    """`jax-kvoffload bench NAME` lists each timing script of benchmarks/ (not the shared
+    report helpers, not the deviceless-compile tool)."""
+    from pathlib import Path
+
+    from jax_kvoffload.cli import BENCHMARKS
+
+    scripts = {p.stem for p in (Path(__file__).resolve().parents[1] / "benchmarks").glob("*.py")}
+    assert set(BENCHMARKS) == scripts - {"_report", "deviceless_compile"}
