@@ -288,9 +288,9 @@ class DiskTier(SecondaryTier):
 
     def _remake_shards(self) -> None:
         with self._shard_lock:
-            if make_shards(self._ns_fd, f"{self.config.path}/{self._ns_name}"):
-                if self.config.fsync:
-                    os.fsync(self._ns_fd)
+            made = make_shards(self._ns_fd, f"{self.config.path}/{self._ns_name}")
+            if made and self.config.fsync:
+                os.fsync(self._ns_fd)
 
     def _stored(self, rel: str, n: int, size: int) -> tuple[bool, int]:
         self._counters.add(keys_stored=1, bytes_written=n)

@@ -83,14 +83,13 @@ class Syncer:
     Args:
       ns_fd: the namespace directory; names are `<shard>/<file>` relative to it.
       name: the thread's name.
-      syncfs: the batch barrier (`SYNCFS`; None: per-file and per-directory fsyncs).
+      syncfs: the batch barrier; by default this module's `SYNCFS` at construction
+        (None: per-file and per-directory fsyncs).
     """
 
-    def __init__(
-        self, ns_fd: int, name: str, syncfs: Callable[[int], None] | None = SYNCFS
-    ) -> None:
+    def __init__(self, ns_fd: int, name: str, syncfs: Callable[[int], None] | None = ...) -> None:
         self._ns_fd = ns_fd
-        self._syncfs = syncfs
+        self._syncfs = SYNCFS if syncfs is ... else syncfs
         self._queue: deque[_Item] = deque()
         self._cond = threading.Condition()
         self._stop = False
