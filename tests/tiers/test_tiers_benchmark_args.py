@@ -74,6 +74,6 @@ def test_the_get_baseline_moves_a_value_with_every_get(redis_server):
     redis_server.call(b"FLUSHALL")
     misses = bench.fill_benchmark_keys(redis_server.url, 64, 1024)
     assert redis_server.call(b"DBSIZE") == 64
-    bench.redis_benchmark("127.0.0.1", redis_server.port, "get", 1024, 64, 4, 4)
+    bench.redis_benchmark("127.0.0.1", redis_server.port, "get", 1024, 64, 4, 4, keyspace=64)
     assert bench.fill_benchmark_keys(redis_server.url, 0, 1024) == misses  # none missed
     assert redis_server.call(b"DBSIZE") == 64  # and every GET read one of those keys
