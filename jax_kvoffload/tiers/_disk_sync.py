@@ -31,15 +31,12 @@ from __future__ import annotations
 import concurrent.futures as cf
 import contextlib
 import ctypes
-import logging
 import os
 import threading
 from collections import deque
 from collections.abc import Callable
 
 __all__ = ["SYNCFS", "Syncer"]
-
-logger = logging.getLogger(__name__)
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 # A batch of one file is synced alone (fdatasync + directory fsync): syncfs would also
@@ -133,6 +130,7 @@ class Syncer:
 
     def _sync(self, batch: list[_Item]) -> None:
         errors: dict[int, OSError] = {}
+        bug: BaseException | None = None
         try:
             whole = self._syncfs is not None and len(batch) >= SYNCFS_MIN_FILES
             self._barrier_files(batch, whole, errors)
@@ -147,14 +145,17 @@ class Syncer:
                     errors[i] = e
                     _unlink_quietly(self._ns_fd, f"{item.shard}/{item.tmp}")
             self._barrier_names(batch, whole, errors)
-        except BaseException as e:  # a bug or an interrupt: fail what is not reported
-            logger.exception("disk tier: syncing a batch of %d entries failed", len(batch))
-            err = OSError(f"sync failed: {e!r}")
-            for i in range(len(batch)):
-                errors.setdefault(i, err)
+        except BaseException as e:  # a bug: the job runner logs it with its traceback
+            bug = e
+            for item in batch:  # those not renamed yet: no temporary file left behind
+                _unlink_quietly(self._ns_fd, f"{item.shard}/{item.tmp}")
         finally:
             for i, item in enumerate(batch):
-                if not item.future.done():
+                if item.future.done():
+                    continue
+                if bug is not None and i not in errors:
+                    item.future.set_exception(bug)  # its store fails, not the others'
+                else:
                     item.future.set_result(errors.get(i))
 
     def _barrier_files(self, batch: list[_Item], whole: bool, errors: dict) -> None:

@@ -277,3 +277,23 @@ def test_a_failing_deferred_store_fails_its_keys_and_the_thread_lives(disk, monk
     assert disk.stats().errors == 1
     monkeypatch.setattr(DiskTier, "_store_one", real)
     assert store(disk, [2]).all_ok and disk.drain(5)
+
+
+def test_a_bug_in_the_syncer_fails_its_batch_and_it_serves_the_next(tier_path, monkeypatch):
+    calls = []
+
+    def syncfs(fd):
+        calls.append(fd)
+        if len(calls) == 1:
+            raise RuntimeError("injected bug")
+
+    monkeypatch.setattr(_disk_sync, "SYNCFS", syncfs)
+    monkeypatch.setattr(_disk_sync, "SYNCFS_MIN_FILES", 1)
+    tier = open_disk(tier_path, write_threads=1)
+    try:
+        assert store(tier, [1]).ok == (False,)  # logged with its traceback by the runner
+        assert tier.stats().errors == 1 and tier.drain(5)
+        assert tmp_files(tier_path) == []
+        assert store(tier, [2]).all_ok and loads(tier, [2]) == [True]
+    finally:
+        tier.close()
