@@ -273,8 +273,10 @@ def start_redis(maxmemory: int) -> tuple[subprocess.Popen, int, str]:
     return proc, port, d
 
 
-def redis_benchmark(host: str, port: int, test: str, size: int, n: int, c: int, p: int) -> float:
-    """Requests per second of `redis-benchmark -t test`."""
+def redis_benchmark(
+    host: str, port: int, test: str, size: int, n: int, c: int, p: int, *, keyspace: int
+) -> float:
+    """Requests per second of `redis-benchmark -t test` on keys `key:<0..keyspace-1>`."""
     out = subprocess.run(
         [
             "redis-benchmark",
@@ -293,7 +295,7 @@ def redis_benchmark(host: str, port: int, test: str, size: int, n: int, c: int, 
             "-P",
             str(p),
             "-r",
-            str(n),
+            str(keyspace),
             "--csv",
         ],
         capture_output=True,
@@ -305,6 +307,43 @@ def redis_benchmark(host: str, port: int, test: str, size: int, n: int, c: int, 
     return float(line.split(",")[1].strip('"'))
 
 
+def redis_tier_pass(tier, rows, dest, ks, job: int, times: dict) -> None:
+    """Stores the rows under new keys `ks`, loads them back; appends both times."""
+    n = len(ks)
+    t0 = time.perf_counter()
+    futs = [
+        tier.submit_store([(ks[i], rows[i]) for i in range(a, min(n, a + job))])
+        for a in range(0, n, job)
+    ]
+    ok = all(f.result().all_ok for f in futs)
+    times.setdefault("store", []).append(time.perf_counter() - t0)
+    dest[:] = 0
+    t0 = time.perf_counter()
+    futs = [
+        tier.submit_load([(ks[i], dest[i]) for i in range(a, min(n, a + job))])
+        for a in range(0, n, job)
+    ]
+    ok = ok and all(f.result().all_ok for f in futs)
+    times.setdefault("load", []).append(time.perf_counter() - t0)
+    assert ok and np.array_equal(dest, rows), "redis tier lost or changed bytes"
+
+
+def redis_baseline_pass(url: str, size: int, n: int, conns: int, depth: int, times: dict) -> None:
+    """redis-benchmark SET then GET of `n` values of `size` bytes; appends both times."""
+    ep = RedisTierConfig(url=url).endpoint
+    host, port = ep["host"], ep["port"]
+    # SET: n values under (almost surely) n new keys, as a tier store writes them: with
+    # `-r n` a third of the SETs would overwrite a key of the same pass.
+    rps = redis_benchmark(host, port, "set", size, n, conns, depth, keyspace=10**9)
+    times.setdefault("set", []).append(n / rps)
+    # GET: `-r n` draws keys with repeats, so every key is set first: each GET moves one
+    # value, as each tier load does (checked: the server counted no keyspace miss).
+    misses = fill_benchmark_keys(url, n, size)
+    rps = redis_benchmark(host, port, "get", size, n, conns, depth, keyspace=n)
+    times.setdefault("get", []).append(n / rps)
+    assert fill_benchmark_keys(url, 0, size) == misses, "redis-benchmark GET missed"
+
+
 def bench_redis(args, out_rows: list[dict]) -> None:
     size = int(args.value_kib * 1024)
     n = args.values
@@ -313,10 +352,10 @@ def bench_redis(args, out_rows: list[dict]) -> None:
     proc = None
     if args.redis_url:
         url = args.redis_url
-        host, port = url.split("//")[1].split("/")[0].split(":")
-        port = int(port)
+        ep = RedisTierConfig(url=url).endpoint
+        host, port = ep["host"], ep["port"]
     else:
-        proc, port, d = start_redis(4 * n * size + 64 * MiB)
+        proc, port, d = start_redis(4 * n * size + 64 * MiB)  # tier, SET, GET passes
         host, url = "127.0.0.1", f"redis://127.0.0.1:{port}/0"
     m, rows = rows_buffer(n, size)
     try:
@@ -333,27 +372,14 @@ def bench_redis(args, out_rows: list[dict]) -> None:
         dest_m, dest = rows_buffer(n, size)
         job = args.job_chunks
         times: dict[str, list[float]] = {}
+
         for rep in range(args.repeats):
-            ks = keys(n, b"b%d" % rep)
-            t0 = time.perf_counter()
-            futs = [
-                tier.submit_store([(ks[i], rows[i]) for i in range(a, min(n, a + job))])
-                for a in range(0, n, job)
-            ]
-            ok = all(f.result().all_ok for f in futs)
-            times.setdefault("store", []).append(time.perf_counter() - t0)
-            dest[:] = 0
-            t0 = time.perf_counter()
-            futs = [
-                tier.submit_load([(ks[i], dest[i]) for i in range(a, min(n, a + job))])
-                for a in range(0, n, job)
-            ]
-            ok = ok and all(f.result().all_ok for f in futs)
-            times.setdefault("load", []).append(time.perf_counter() - t0)
-            assert ok and np.array_equal(dest, rows), "redis tier lost or changed bytes"
-            for test in ("set", "get"):
-                rps = redis_benchmark(host, port, test, size, n, conns, per_batch)
-                times.setdefault(test, []).append(n / rps)
+            # Alternating which goes first: both meet the server in the same states.
+            for which in ("tier", "baseline")[:: 1 if rep % 2 == 0 else -1]:
+                if which == "tier":
+                    redis_tier_pass(tier, rows, dest, keys(n, b"b%d" % rep), job, times)
+                else:
+                    redis_baseline_pass(url, size, n, conns, per_batch, times)
             if proc is not None:
                 tier_call_flush(url)
         tier.close()
@@ -381,6 +407,32 @@ def bench_redis(args, out_rows: list[dict]) -> None:
             proc.terminate()
             proc.wait()
             shutil.rmtree(d, ignore_errors=True)
+
+
+def fill_benchmark_keys(url: str, n: int, size: int) -> int:
+    """Sets redis-benchmark's keys `key:<12 digits>` 0..n-1 to `size` bytes each; returns
+    the server's keyspace_misses counter (to check that the GET baseline missed none)."""
+    from jax_kvoffload.tiers._redis import endpoint_from_config
+    from jax_kvoffload.tiers._resp import RespConnection
+
+    conn = RespConnection(endpoint_from_config(RedisTierConfig(url=url)))
+    conn.connect()
+    try:
+        value = os.urandom(size)
+        for a in range(0, n, 16):
+            ks = range(a, min(n, a + 16))
+            conn.begin()
+            conn.send(
+                [
+                    b"*3\r\n$3\r\nSET\r\n$16\r\nkey:%012d\r\n$%d\r\n" % (i, size) + value + b"\r\n"
+                    for i in ks
+                ]
+            )
+            assert all(conn.read_reply() == "OK" for _ in ks)
+        info = conn.call(b"INFO", b"stats").decode()
+        return int(info.split("keyspace_misses:")[1].split()[0])
+    finally:
+        conn.close()
 
 
 def tier_call_flush(url: str) -> None:
@@ -537,27 +589,69 @@ def plot(rows: list[dict], path: pathlib.Path) -> None:
     print(f"wrote {path}")
 
 
-def main() -> None:
+def writable_dir(text: str) -> str:
+    """An argparse type: an existing directory this user may write into (the disk
+    benchmark makes its files there)."""
+    if not os.path.isdir(text):
+        what = "is not a directory" if os.path.exists(text) else "does not exist"
+        raise argparse.ArgumentTypeError(
+            f"{text!r} {what}; give a directory on the filesystem to measure "
+            f"(create it first: mkdir -p {text})"
+        )
+    if not os.access(text, os.W_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(f"{text!r} is not writable by this user")
+    return text
+
+
+def redis_url(text: str) -> str:
+    """An argparse type: a `redis://host:port/db` URL (redis-benchmark needs host:port)."""
+    from jax_kvoffload.config import TierConfigError
+
+    try:
+        ep = RedisTierConfig(url=text).endpoint
+    except TierConfigError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    if ep["path"] is not None or ep["scheme"] != "redis":
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: give a redis://host:port/db URL (redis-benchmark runs against host:port)"
+        )
+    return text
+
+
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    at_least_1 = _report.int_at_least(1)
     p.add_argument("--quick", action="store_true", help="small sizes (~20 s)")
-    p.add_argument("--dir", default=None, help="directory on the filesystem to measure")
-    p.add_argument("--chunks", type=int, default=None, help="disk chunks per pass")
-    p.add_argument("--chunk-mib", type=float, default=2.0)
-    p.add_argument("--job-chunks", type=int, default=16)
+    p.add_argument("--dir", type=writable_dir, default=None, help="directory to measure")
+    p.add_argument("--chunks", type=at_least_1, default=None, help="disk chunks per pass")
+    p.add_argument("--chunk-mib", type=_report.positive_float, default=2.0)
+    p.add_argument("--job-chunks", type=at_least_1, default=16)
     p.add_argument("--direct-io", default="auto", choices=["auto", "on", "off"])
     p.add_argument("--no-fsync", action="store_true", help="disk tier with fsync=False")
-    p.add_argument("--repeats", type=int, default=3, help="alternating runs; medians")
-    p.add_argument("--values", type=int, default=None, help="Redis values per pass")
-    p.add_argument("--value-kib", type=float, default=1024)
-    p.add_argument("--batch-mib", type=int, default=4, help="bytes one connection pipelines")
-    p.add_argument("--redis-url", default=None)
+    p.add_argument("--repeats", type=at_least_1, default=3, help="alternating runs; medians")
+    p.add_argument("--values", type=at_least_1, default=None, help="Redis values per pass")
+    p.add_argument("--value-kib", type=_report.positive_float, default=1024)
+    p.add_argument("--batch-mib", type=at_least_1, default=4, help="bytes one connection pipelines")
+    p.add_argument("--redis-url", type=redis_url, default=None, help="a scratch server")
     p.add_argument("--no-disk", action="store_true")
     p.add_argument("--no-redis", action="store_true")
     p.add_argument("--clients", action="store_true", help="compare RESP clients too")
     p.add_argument("--out", type=pathlib.Path, default=pathlib.Path(__file__).parent / "results")
-    args = p.parse_args()
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = build_parser()
+    args = p.parse_args(argv)
     args.chunks = args.chunks or (48 if args.quick else 256)
     args.values = args.values or (64 if args.quick else 256)
+    if int(args.chunk_mib * MiB) < 1 or int(args.value_kib * 1024) < 1:
+        p.error("--chunk-mib / --value-kib: a chunk or value must be at least one byte")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     print(
         f"{datetime.date.today()} {platform.node()} {platform.machine()} "
         f"{os.cpu_count()} CPUs, Python {platform.python_version()}, CRC32C: {CRC32C_BACKEND}"

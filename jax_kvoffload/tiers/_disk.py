@@ -1,13 +1,19 @@
 """DiskTier: one checked file per chunk in a private, sharded, crash-safe directory.
 
-Layout: `<path>/<namespace 16 hex>/<aa>/<bb>/<blake2b(key) hex>.kv` (docs/tiers.md).
-A store writes the entry (header block of 4 KiB, then the payload) to a temporary name
-created 0600 with `O_EXCL | O_NOFOLLOW`, fsyncs it, renames it into place and fsyncs the
-directory; a reader therefore finds no file or a whole one. A file that exists already
-is a successful store. Every read checks the header and the payload CRC32C; a file that
-fails any check (torn by a crash, truncated, corrupted, another namespace or key) is a
-miss and is removed. With direct I/O (probed at start), page-aligned host rows are read
-and written in place; other buffers pass through a per-thread aligned staging buffer.
+Layout: `<path>/<namespace 16 hex>/<shard>/<blake2b(key) hex>.kv`, 256 shard
+directories made once, when a namespace is first opened (docs/tiers.md). A store writes
+the entry (header block of 4 KiB, then the payload) to a temporary name created 0600
+with `O_EXCL | O_NOFOLLOW` and renames it into place; with `fsync=True` the writer hands
+the written file to the `Syncer`, which makes whole batches durable (data, rename,
+directory) before their stores are reported, so a store reported done survives a crash.
+A reader finds no file or a whole one. A file that exists already is a successful
+store. Every read checks the header and the payload CRC32C; a file that fails any check
+(torn by a crash, truncated, corrupted, another namespace or key) is a miss and is
+removed. With direct I/O (probed at start), page-aligned host rows are read and written
+in place; other buffers pass through a per-thread aligned staging buffer.
+
+Descriptors: the root and the namespace directory stay open (2 per tier); each I/O
+thread holds at most one entry file open at a time, and the syncer one directory.
 """
 
 from __future__ import annotations
@@ -33,11 +39,13 @@ from jax_kvoffload.tiers._disk_fs import (
     StagingBuffer,
     entry_name,
     is_aligned,
+    make_shards,
     open_private_dir,
     open_private_root,
     probe_direct_io,
 )
 from jax_kvoffload.tiers._disk_index import DiskIndex, scan_root
+from jax_kvoffload.tiers._disk_sync import Syncer
 from jax_kvoffload.tiers._entry import check_header, encode_header
 from jax_kvoffload.tiers._errors import DirectIOUnavailableError, TierStateError
 from jax_kvoffload.tiers._jobs import JobRunner
@@ -81,16 +89,23 @@ class DiskTier(SecondaryTier):
         warn_if_slow()
         self._root_fd = open_private_root(config.path)
         self._ns_name = namespace[:8].hex()
+        self._ns_fd = -1
+        self._syncer: Syncer | None = None
         try:
-            self._ns_fd, _ = open_private_dir(self._root_fd, self._ns_name, config.path)
+            self._ns_fd, made = open_private_dir(self._root_fd, self._ns_name, config.path)
+            if made and config.fsync:
+                os.fsync(self._root_fd)
+            if make_shards(self._ns_fd, f"{config.path}/{self._ns_name}") and config.fsync:
+                os.fsync(self._ns_fd)  # once for all shards, not once per entry
         except OSError as e:  # a full disk, a read-only filesystem
-            os.close(self._root_fd)
+            self._close_fds()
             raise TierStateError(
-                f"cannot create the namespace directory {self._ns_name!r} in the tier "
+                f"cannot create the namespace directory {self._ns_name!r} (or its shard "
+                f"directories) in the tier "
                 f"directory {config.path!r}: {e.strerror or e}"
             ) from None
         except BaseException:
-            os.close(self._root_fd)
+            self._close_fds()
             raise
         probed = config.direct_io != "off" and probe_direct_io(self._ns_fd)
         if config.direct_io == "on" and not probed:
@@ -103,7 +118,9 @@ class DiskTier(SecondaryTier):
         if describe is not None:
             self._write_description(describe)
         self._index = DiskIndex(config.capacity_bytes, self._counters)
-        self._remove_lock = threading.Lock()
+        self._shard_lock = threading.Lock()
+        if config.fsync:
+            self._syncer = Syncer(self._ns_fd, f"disk-tier-{self._ns_name[:6]}-sync")
         self._runner = JobRunner(
             f"disk-tier-{self._ns_name[:6]}",
             config.read_threads,
@@ -132,8 +149,8 @@ class DiskTier(SecondaryTier):
         keys = check_keys(keys)
         out = []
         for key in keys:
-            aa, bb, name = entry_name(self._namespace, key)
-            rel = f"{aa}/{bb}/{name}"
+            shard, name = entry_name(self._namespace, key)
+            rel = f"{shard}/{name}"
             try:
                 st = os.stat(rel, dir_fd=self._ns_fd, follow_symlinks=False)
                 hit = stat.S_ISREG(st.st_mode)
@@ -168,12 +185,14 @@ class DiskTier(SecondaryTier):
     def _close_io(self) -> None:
         self._scan_stop.set()  # close() does not wait for a long start-up scan
         self._runner.close()
+        if self._syncer is not None:
+            self._syncer.close()  # the stores the runner's threads handed it complete
         self._scan_done.wait()  # not join() alone: see JobRunner.close
         self._scanner.join()
         self._close_fds()
 
     def _close_fds(self) -> None:
-        for fd in (getattr(self, "_ns_fd", -1), self._root_fd):
+        for fd in (self._ns_fd, self._root_fd):
             if fd >= 0:
                 os.close(fd)
         self._ns_fd = self._root_fd = -1
@@ -181,18 +200,23 @@ class DiskTier(SecondaryTier):
     # ---- store ---------------------------------------------------------------------------
 
     def _store_task(self, key: bytes, payload: memoryview):
-        def run(stage: StagingBuffer) -> tuple[list[bool], int]:
-            ok, moved = self._store_one(stage, key, payload)
-            return [ok], moved
+        def run(stage: StagingBuffer):
+            done = self._store_one(stage, key, payload)
+            if isinstance(done, cf.Future):  # the syncer reports it
+                return _then(done, lambda r: ([r[0]], r[1]))
+            return [done[0]], done[1]
 
         return run
 
-    def _store_one(self, stage: StagingBuffer, key: bytes, payload: memoryview) -> tuple[bool, int]:
-        aa, bb, name = entry_name(self._namespace, key)
-        rel = f"{self._ns_name}/{aa}/{bb}/{name}"
+    def _store_one(
+        self, stage: StagingBuffer, key: bytes, payload: memoryview
+    ) -> tuple[bool, int] | cf.Future[tuple[bool, int]]:
+        """Writes one entry: (stored, bytes written), or its future when the syncer
+        makes it durable (`fsync=True`)."""
+        shard, name = entry_name(self._namespace, key)
+        rel = f"{shard}/{name}"
         n = len(payload)
-        hlen = ALIGN
-        total = hlen + n
+        total = ALIGN + n
         if total > self._index.capacity_bytes:
             log_once(
                 logger,
@@ -205,74 +229,78 @@ class DiskTier(SecondaryTier):
             self._counters.add(store_failures=1)
             return False, 0
         try:
-            leaf, created = self._leaf_dir(aa, bb)
+            st = os.stat(rel, dir_fd=self._ns_fd, follow_symlinks=False)
+            if stat.S_ISREG(st.st_mode):
+                self._counters.add(keys_already_present=1, keys_stored=1)
+                self._index.touch(f"{self._ns_name}/{rel}", st.st_size)
+                return True, 0
+        except OSError:
+            pass  # absent (or unreadable: the write below says why)
+        tmp = f".{name}.{os.getpid()}.{threading.get_native_id()}.{next(_seq)}.tmp"
+        try:
+            size = self._write_tmp(stage, shard, tmp, key, payload)
+            if self._syncer is None:
+                os.rename(f"{shard}/{tmp}", rel, src_dir_fd=self._ns_fd, dst_dir_fd=self._ns_fd)
         except OSError as e:
+            _unlink_quietly(self._ns_fd, f"{shard}/{tmp}")
             self._io_error("store", e)
             return False, 0
-        tmp = f".{name}.{os.getpid()}.{threading.get_native_id()}.{next(_seq)}.tmp"
-        fd = -1
+        if self._syncer is None:
+            return self._stored(rel, n, size)
+        return _then(
+            self._syncer.submit(shard, tmp, name),
+            lambda err: self._stored(rel, n, size) if err is None else self._failed(err),
+        )
+
+    def _write_tmp(
+        self, stage: StagingBuffer, shard: str, tmp: str, key: bytes, payload: memoryview
+    ) -> int:
+        """Writes header + payload to a new file `<shard>/<tmp>`; returns its size."""
+        n = len(payload)
+        total = ALIGN + n
+        header = encode_header(self._namespace, key, n, crc32c(payload), align=ALIGN)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        if self.direct_io:
+            flags |= _O_DIRECT
         try:
-            try:
-                st = os.stat(name, dir_fd=leaf, follow_symlinks=False)
-                if stat.S_ISREG(st.st_mode):
-                    self._counters.add(keys_already_present=1, keys_stored=1)
-                    self._index.touch(rel, st.st_size)
-                    return True, 0
-            except FileNotFoundError:
-                pass
-            header = encode_header(self._namespace, key, n, crc32c(payload), align=ALIGN)
-            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-            fd = os.open(tmp, flags | (_O_DIRECT if self.direct_io else 0), 0o600, dir_fd=leaf)
+            fd = os.open(f"{shard}/{tmp}", flags, 0o600, dir_fd=self._ns_fd)
+        except FileNotFoundError:  # the shard was removed under us (an operator's rm -rf)
+            self._remake_shards()
+            fd = os.open(f"{shard}/{tmp}", flags, 0o600, dir_fd=self._ns_fd)
+        try:
             if not self.direct_io:
                 _write_all(fd, [header, payload], total)
-                size = total
-            elif is_aligned(payload):
+                return total
+            if is_aligned(payload):
                 head = stage.view(ALIGN)
                 head[:] = header
                 _write_all(fd, [head, payload], total)
-                size = total
-            else:
-                size = -(-total // ALIGN) * ALIGN
-                buf = stage.view(size)
-                buf[:hlen] = header
-                buf[hlen:total] = payload
-                buf[total:] = bytes(size - total)
-                _write_all(fd, [buf], size)
-            if self.config.fsync:
-                os.fdatasync(fd)
-            os.close(fd)
-            fd = -1
-            os.rename(tmp, name, src_dir_fd=leaf, dst_dir_fd=leaf)
-            if self.config.fsync:
-                os.fsync(leaf)
-                if created:
-                    self._fsync_parents(aa)
-        except OSError as e:
-            if fd >= 0:
-                os.close(fd)
-            _unlink_quietly(leaf, tmp)
-            self._io_error("store", e)
-            return False, 0
+                return total
+            size = -(-total // ALIGN) * ALIGN
+            buf = stage.view(size)
+            buf[:ALIGN] = header
+            buf[ALIGN:total] = payload
+            buf[total:] = bytes(size - total)
+            _write_all(fd, [buf], size)
+            return size
         finally:
-            os.close(leaf)
+            os.close(fd)
+
+    def _remake_shards(self) -> None:
+        with self._shard_lock:
+            made = make_shards(self._ns_fd, f"{self.config.path}/{self._ns_name}")
+            if made and self.config.fsync:
+                os.fsync(self._ns_fd)
+
+    def _stored(self, rel: str, n: int, size: int) -> tuple[bool, int]:
         self._counters.add(keys_stored=1, bytes_written=n)
-        self._index.add(rel, size)
-        self._evict(keep=rel)
+        self._index.add(f"{self._ns_name}/{rel}", size)
+        self._evict(keep=f"{self._ns_name}/{rel}")
         return True, n
 
-    def _leaf_dir(self, aa: str, bb: str) -> tuple[int, bool]:
-        where = f"{self.config.path}/{self._ns_name}"
-        aa_fd, aa_new = open_private_dir(self._ns_fd, aa, where)
-        try:
-            leaf, bb_new = open_private_dir(aa_fd, bb, f"{where}/{aa}")
-            if bb_new and self.config.fsync:
-                os.fsync(aa_fd)
-        finally:
-            os.close(aa_fd)
-        return leaf, aa_new
-
-    def _fsync_parents(self, aa: str) -> None:
-        os.fsync(self._ns_fd)
+    def _failed(self, err: OSError) -> tuple[bool, int]:
+        self._io_error("store", err)
+        return False, 0
 
     # ---- load ----------------------------------------------------------------------------
 
@@ -287,8 +315,8 @@ class DiskTier(SecondaryTier):
         return run
 
     def _load_one(self, stage: StagingBuffer, key: bytes, out: memoryview) -> bool:
-        aa, bb, name = entry_name(self._namespace, key)
-        rel = f"{aa}/{bb}/{name}"
+        shard, name = entry_name(self._namespace, key)
+        rel = f"{shard}/{name}"
         n = len(out)
         flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
         try:
@@ -434,6 +462,21 @@ def _write_all(fd: int, bufs: list[Any], total: int) -> None:
 def _read_all(fd: int, bufs: list[memoryview], total: int) -> int:
     # A regular file reads whole up to its end; fewer bytes mean the file is shorter.
     return os.preadv(fd, bufs, 0)
+
+
+def _then(future: cf.Future, fn) -> cf.Future:
+    """A future of `fn(future.result())`; it always completes (with fn's exception if
+    fn raises), so a job waiting on it never hangs."""
+    out: cf.Future = cf.Future()
+
+    def done(f: cf.Future) -> None:
+        try:
+            out.set_result(fn(f.result()))
+        except BaseException as e:
+            out.set_exception(e)
+
+    future.add_done_callback(done)
+    return out
 
 
 def _unlink_quietly(dir_fd: int, name: str) -> None:

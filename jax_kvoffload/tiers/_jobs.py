@@ -25,8 +25,12 @@ __all__ = ["JobRunner", "Task"]
 logger = logging.getLogger(__name__)
 
 # A task gets its thread's state (a staging buffer, a connection) and returns, for each
-# of its keys in order, whether it succeeded, plus the payload bytes it moved.
-TaskFn = Callable[[Any], tuple[list[bool], int]]
+# of its keys in order, whether it succeeded, plus the payload bytes it moved; or a
+# Future of that, when the task's last step runs elsewhere (the disk tier's batched
+# fsyncs): its thread takes the next task at once, and the job completes when the
+# future does.
+TaskResult = tuple[list[bool], int]
+TaskFn = Callable[[Any], "TaskResult | cf.Future[TaskResult]"]
 Task = tuple[int, int, TaskFn]  # keys [start, stop) of the job, and the work
 
 
@@ -157,20 +161,41 @@ class JobRunner:
                         return
                     job, (start, stop, fn) = queue.popleft()
                 try:
-                    oks, moved = fn(state)
-                    if len(oks) != stop - start:  # a bug in the tier, not an I/O error
-                        raise AssertionError(f"task returned {len(oks)} results for {stop - start}")
-                except BaseException:  # SystemExit too: the thread serves the next task
-                    logger.exception("tier %s task failed; its %d keys failed", kind, stop - start)
-                    self._counters.add(errors=1)
-                    oks, moved = [False] * (stop - start), 0
-                self._finish_task(job, start, oks, moved)
+                    result = fn(state)
+                except BaseException as e:  # SystemExit too: the thread serves the next task
+                    self._finish_checked(job, start, stop, e)
+                    continue
+                if isinstance(result, cf.Future):
+                    result.add_done_callback(
+                        lambda f, job=job, start=start, stop=stop: self._finish_checked(
+                            job, start, stop, f
+                        )
+                    )
+                else:
+                    self._finish_checked(job, start, stop, result)
         finally:
             try:
                 if state is not None:
                     self._close_state(state)
             finally:
                 self._exited[threading.current_thread().name].set()
+
+    def _finish_checked(self, job: _Job, start: int, stop: int, result: Any) -> None:
+        """Finishes a task from what it returned: a result, a done future of one, or the
+        exception it raised (logged and counted; its keys failed)."""
+        try:
+            if isinstance(result, cf.Future):
+                result = result.result()
+            if isinstance(result, BaseException):
+                raise result
+            oks, moved = result
+            if len(oks) != stop - start:  # a bug in the tier, not an I/O error
+                raise AssertionError(f"task returned {len(oks)} results for {stop - start}")
+        except BaseException:
+            logger.exception("tier %s task failed; its %d keys failed", job.kind, stop - start)
+            self._counters.add(errors=1)
+            oks, moved = [False] * (stop - start), 0
+        self._finish_task(job, start, oks, moved)
 
     def _finish_task(self, job: _Job, start: int, oks: list[bool], moved: int) -> None:
         with job.lock:

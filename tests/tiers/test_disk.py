@@ -47,8 +47,8 @@ def load(tier, ids, n=N):
 
 
 def entry_path(root, k, ns=NS):
-    aa, bb, name = entry_name(ns, k)
-    return os.path.join(root, ns[:8].hex(), aa, bb, name)
+    shard, name = entry_name(ns, k)
+    return os.path.join(root, ns[:8].hex(), shard, name)
 
 
 def test_round_trip_and_already_present(disk):
@@ -72,7 +72,8 @@ def test_files_are_private_and_sharded(disk, tier_path):
     while d != os.path.dirname(tier_path):
         assert stat.S_IMODE(os.stat(d).st_mode) == 0o700, d
         d = os.path.dirname(d)
-    assert len(os.path.basename(os.path.dirname(p))) == 2  # <ns>/<aa>/<bb>/<name>
+    assert len(os.path.basename(os.path.dirname(p))) == 2  # <ns>/<shard>/<name>
+    assert os.path.dirname(os.path.dirname(p)) == os.path.join(tier_path, NS[:8].hex())
 
 
 def test_restart_reuses_entries_and_keeps_lru_order(tier_path):
