@@ -30,6 +30,7 @@ from jax_kvoffload.tiers._entry import ENTRY_VERSION as ENTRY_VERSION
 from jax_kvoffload.tiers._entry import namespace_digest as namespace_digest
 from jax_kvoffload.tiers._entry import namespace_fields as namespace_fields
 from jax_kvoffload.tiers._errors import DirectIOUnavailableError as DirectIOUnavailableError
+from jax_kvoffload.tiers._errors import TierBufferSizeError as TierBufferSizeError
 from jax_kvoffload.tiers._errors import TierClosedError as TierClosedError
 from jax_kvoffload.tiers._errors import TierKeyError as TierKeyError
 from jax_kvoffload.tiers._errors import TierStateError as TierStateError
@@ -48,6 +49,7 @@ __all__ = [
     "RedisTier",
     "RedisTierConfig",
     "SecondaryTier",
+    "TierBufferSizeError",
     "TierClosedError",
     "TierConfig",
     "TierConfigError",

@@ -25,3 +25,24 @@ class DirectIOUnavailableError(TierStateError):
 
 class TierKeyError(KVOffloadValueError):
     """A key or payload passed to a tier is malformed (not bytes, too long, wrong size)."""
+
+
+class TierBufferSizeError(TierKeyError):
+    """A load's `out` buffer is not the length of the payload its key holds: a caller's
+    error (or an engine of another geometry sharing the namespace), not a bad entry.
+    The entry, whole and checked, is kept; the key is a miss. The job's future raises
+    it once every key of the job has finished; `result` is the job's `TierJobResult`
+    (the other keys' outcomes)."""
+
+    result = None  # the job's TierJobResult, set before the future raises
+
+
+def buffer_size_error(index: int, got: int, stored: int, where: str) -> TierBufferSizeError:
+    """The error of a load whose `items[index]` buffer has `got` bytes for a stored
+    payload of `stored` bytes."""
+    return TierBufferSizeError(
+        f"items[{index}] buffer has {got} bytes, but the entry stored under its key in "
+        f"{where} holds a payload of {stored} bytes (whole and checked: kept); pass a "
+        f"buffer of {stored} bytes, or check that engines sharing this tier use the same "
+        "geometry (their namespaces should then differ)"
+    )

@@ -11,7 +11,9 @@ slow tier. Every job's future completes exactly once, also when the runner close
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import logging
+import signal
 import threading
 import time
 from collections import deque
@@ -19,6 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from jax_kvoffload.tiers._base import Counters, TierJobResult
+from jax_kvoffload.tiers._errors import TierBufferSizeError
 
 __all__ = ["JobRunner", "Task"]
 
@@ -28,14 +31,26 @@ logger = logging.getLogger(__name__)
 # of its keys in order, whether it succeeded, plus the payload bytes it moved; or a
 # Future of that, when the task's last step runs elsewhere (the disk tier's batched
 # fsyncs): its thread takes the next task at once, and the job completes when the
-# future does.
-TaskResult = tuple[list[bool], int]
+# future does. A third item, a `TierBufferSizeError`, reports a caller's error found
+# by the task (a load buffer of the wrong length): the job's future raises the first.
+TaskResult = tuple[list[bool], int] | tuple[list[bool], int, TierBufferSizeError | None]
 TaskFn = Callable[[Any], "TaskResult | cf.Future[TaskResult]"]
 Task = tuple[int, int, TaskFn]  # keys [start, stop) of the job, and the work
 
 
 class _Job:
-    __slots__ = ("cost", "future", "keys", "kind", "lock", "nbytes", "ok", "remaining", "start")
+    __slots__ = (
+        "cost",
+        "error",
+        "future",
+        "keys",
+        "kind",
+        "lock",
+        "nbytes",
+        "ok",
+        "remaining",
+        "start",
+    )
 
     def __init__(self, kind: str, keys: tuple[bytes, ...], ntasks: int, cost: int) -> None:
         self.future: cf.Future[TierJobResult] = cf.Future()
@@ -46,6 +61,7 @@ class _Job:
         self.nbytes = 0
         self.start = time.monotonic()
         self.cost = cost
+        self.error: TierBufferSizeError | None = None  # a caller's error, raised at the end
         self.lock = threading.Lock()
 
 
@@ -105,11 +121,18 @@ class JobRunner:
         *,
         accept: Callable[[], bool] = lambda: True,
     ) -> cf.Future[TierJobResult]:
-        """Queues a job; a store over the byte bound (or refused by `accept`) is dropped."""
-        keys = tuple(keys)
+        """Queues a job; a store over the byte bound (or refused by `accept`) is dropped.
+
+        Ctrl-C on the main thread is held while the job is queued and delivered once it
+        is: a job is queued whole, with its bytes and its count, or not at all. An
+        interrupt delivered that way still leaves the job running (its future completes;
+        only the caller never got it); callers that must own the future hold the signal
+        around the call as well (the offloader does).
+        """
+        keys, tasks = tuple(keys), list(tasks)
         cost = nbytes if kind == "store" else 0
         job = _Job(kind, keys, len(tasks), cost)
-        with self._cond:
+        with _sigint_held(), self._cond:
             if self._stop:
                 return self._done_now(job, dropped=kind == "store")
             if kind == "store":
@@ -117,11 +140,11 @@ class JobRunner:
                 if over or not accept():
                     self._counters.add(stores_dropped=1, keys_dropped=len(keys))
                     return self._done_now(job, dropped=True)
-                self._pending_store_bytes += cost
             if not tasks:
                 return self._done_now(job, dropped=False, ok=True)
-            self._inflight += 1
             self._queues[kind].extend((job, t) for t in tasks)
+            self._pending_store_bytes += cost
+            self._inflight += 1
             self._cond.notify_all()
         return job.future
 
@@ -188,21 +211,30 @@ class JobRunner:
                 result = result.result()
             if isinstance(result, BaseException):
                 raise result
-            oks, moved = result
-            if len(oks) != stop - start:  # a bug in the tier, not an I/O error
+            oks, moved, *error = result
+            if len(oks) != stop - start or len(error) > 1:  # a bug in the tier, not I/O
                 raise AssertionError(f"task returned {len(oks)} results for {stop - start}")
         except BaseException:
             logger.exception("tier %s task failed; its %d keys failed", job.kind, stop - start)
             self._counters.add(errors=1)
-            oks, moved = [False] * (stop - start), 0
-        self._finish_task(job, start, oks, moved)
+            oks, moved, error = [False] * (stop - start), 0, []
+        self._finish_task(job, start, oks, moved, error[0] if error else None)
 
-    def _finish_task(self, job: _Job, start: int, oks: list[bool], moved: int) -> None:
+    def _finish_task(
+        self,
+        job: _Job,
+        start: int,
+        oks: list[bool],
+        moved: int,
+        error: TierBufferSizeError | None = None,
+    ) -> None:
         with job.lock:
             job.ok[start : start + len(oks)] = oks
             job.nbytes += moved
             job.remaining -= 1
             last = job.remaining == 0
+            if job.error is None:
+                job.error = error
         if not last:
             return
         result = TierJobResult(
@@ -216,4 +248,33 @@ class JobRunner:
             self._pending_store_bytes -= job.cost
             self._inflight -= 1
             self._cond.notify_all()
-        job.future.set_result(result)
+        if job.error is not None:
+            job.error.result = result
+            job.future.set_exception(job.error)
+        else:
+            job.future.set_result(result)
+
+
+@contextlib.contextmanager
+def _sigint_held():
+    """Holds SIGINT (Ctrl-C) until the block ends, then delivers it (main thread only:
+    Python runs signal handlers there alone). The same as the transfer package's
+    `deferred_interrupts`, which tiers may not import."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    try:
+        previous = signal.getsignal(signal.SIGINT)
+    except ValueError:  # an interpreter without signals here
+        previous = None
+    if previous is None or previous in (signal.SIG_IGN, signal.SIG_DFL):
+        yield  # not a Python handler: nothing to hold (or nothing raises)
+        return
+    received: list[int] = []
+    signal.signal(signal.SIGINT, lambda signum, frame: received.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if received:
+            signal.raise_signal(signal.SIGINT)
