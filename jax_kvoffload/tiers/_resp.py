@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import ssl
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -69,6 +70,62 @@ class Endpoint:
         return f"{scheme}://{where}/{self.db}"
 
 
+# Name lookups that outlived their caller's bound, still running (getaddrinfo cannot be
+# cancelled): past this many, a new lookup fails at once instead of adding a thread.
+_MAX_STUCK_LOOKUPS = 8
+_lookups_running = threading.BoundedSemaphore(_MAX_STUCK_LOOKUPS)
+
+
+def _resolve(host: str, port: int, timeout: float) -> list[tuple]:
+    """`getaddrinfo` bounded by `timeout`: a literal address at once, a name on a daemon
+    thread (the C resolver has no timeout of its own: a slow DNS server held a connect
+    for its own retries, 5 s or more per server, past `connect_timeout_s`)."""
+    try:
+        return socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_NUMERICHOST)
+    except socket.gaierror:
+        pass  # a name: look it up with a bound
+    if not _lookups_running.acquire(blocking=False):
+        raise OSError(f"name lookups of {host!r} hang ({_MAX_STUCK_LOOKUPS} still running)")
+    out: list = []
+    done = threading.Event()
+
+    def lookup() -> None:
+        try:
+            out.append(socket.getaddrinfo(host, port, type=socket.SOCK_STREAM))
+        except BaseException as e:  # handed to the caller
+            out.append(e)
+        finally:
+            _lookups_running.release()
+            done.set()
+
+    threading.Thread(target=lookup, name="redis-tier-resolve", daemon=True).start()
+    if not done.wait(timeout):
+        raise TimeoutError(f"name lookup of {host!r} took longer than {timeout:g} s")
+    if isinstance(out[0], BaseException):
+        raise out[0]
+    return out[0]
+
+
+def _connect_tcp(host: str, port: int, timeout: float) -> socket.socket:
+    """A TCP connection to `host:port`; lookup and connect together within `timeout`
+    (`socket.create_connection` bounds each address's connect, not the lookup)."""
+    deadline = time.monotonic() + timeout
+    error: OSError | None = None
+    for family, kind, proto, _, addr in _resolve(host, port, timeout):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.settimeout(left)
+            sock.connect(addr)
+            return sock
+        except OSError as e:
+            sock.close()
+            error = e
+    raise error or TimeoutError(f"connecting to {host}:{port} took longer than {timeout:g} s")
+
+
 def command(*args: bytes) -> bytes:
     """A RESP array of bulk strings."""
     out = [b"*%d\r\n" % len(args)]
@@ -103,7 +160,7 @@ class RespConnection:
                 sock.settimeout(ep.connect_timeout_s)
                 sock.connect(ep.unix_path)
             else:
-                sock = socket.create_connection((ep.host, ep.port), ep.connect_timeout_s)
+                sock = _connect_tcp(ep.host, ep.port, ep.connect_timeout_s)
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
                 with contextlib.suppress(OSError):
