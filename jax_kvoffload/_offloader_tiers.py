@@ -32,7 +32,7 @@ from dataclasses import dataclass, field, fields
 
 from jax_kvoffload.errors import KVOffloadStateError
 from jax_kvoffload.store import HostStore, LookupResult
-from jax_kvoffload.tiers import SecondaryTier, TierJobResult
+from jax_kvoffload.tiers import SecondaryTier, TierBufferSizeError, TierJobResult
 from jax_kvoffload.transfer import HostPool, Medium, TransferPath
 from jax_kvoffload.transfer.internals import deferred_interrupts
 
@@ -339,7 +339,7 @@ class TierPath:
     def check_loaded(jobs: Sequence[tuple[_TierJob, list[bytes]]]) -> None:
         """Raises if one of the keys a load needs missed its promotion (worker thread)."""
         for job, keys in jobs:
-            result = job.future.result()
+            result = _job_result(job.future)
             ok = dict(zip(result.keys, result.ok, strict=True))
             missed = [k for k in keys if not ok.get(k)]
             if missed:
@@ -393,7 +393,7 @@ class TierPath:
         marked done when it returned, so a call interrupted before it ran is made again
         by the next `process` and none twice."""
         try:
-            result = job.future.result()
+            result = _job_result(job.future)
         except BaseException as exc:  # a tier must not raise into a job; count it
             logger.warning("secondary tier %d: job failed: %r", job.tier, exc)
             result = TierJobResult(
@@ -467,3 +467,19 @@ def prefix_chunks(present: Sequence[bool], window: int | None) -> int:
         if all(present[max(0, end - window) : end]):
             return end
     return 0
+
+
+def _job_result(future: Future) -> TierJobResult:
+    """A tier job's result; a buffer of the wrong length (another geometry's entry under
+    a key of ours) is logged once and its keys are misses, the others as they ended."""
+    try:
+        return future.result()
+    except TierBufferSizeError as e:
+        # Debug after the first: it recurs for every such key and says nothing new.
+        level = logging.DEBUG if _size_warned else logging.WARNING
+        _size_warned.append(True)
+        logger.log(level, "secondary tier: %s; such keys are misses", e)
+        return e.result
+
+
+_size_warned: list[bool] = []

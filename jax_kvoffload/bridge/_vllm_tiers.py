@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from jax_kvoffload.config import tier_config_from_dict
 from jax_kvoffload.errors import KVOffloadValueError
+from jax_kvoffload.tiers import TierBufferSizeError
 
 __all__ = ["JaxDiskTier", "JaxRedisTier", "build_tier_classes"]
 
@@ -144,7 +145,11 @@ def build_tier_classes() -> dict[str, type]:
                 if not future.done():
                     continue
                 del self._jobs[job_id]
-                r = future.result()
+                try:
+                    r = future.result()
+                except TierBufferSizeError as e:  # another geometry's entry: misses, kept
+                    logger.warning("%s: %s; such keys are misses", self.tier_type, e)
+                    r = e.result
                 ok_keys = r.ok_keys
                 if is_load and r.failed_keys:
                     self._lookup.mark_miss(r.failed_keys)

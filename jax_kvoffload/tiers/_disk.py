@@ -21,7 +21,6 @@ from __future__ import annotations
 import concurrent.futures as cf
 import contextlib
 import errno
-import itertools
 import logging
 import os
 import stat
@@ -32,6 +31,7 @@ from typing import Any
 
 from jax_kvoffload.config import DiskTierConfig
 from jax_kvoffload.errors import KVOffloadTypeError
+from jax_kvoffload.tiers import _disk_index
 from jax_kvoffload.tiers._base import Buffer, SecondaryTier, TierJobResult
 from jax_kvoffload.tiers._crc import crc32c, warn_if_slow
 from jax_kvoffload.tiers._disk_fs import (
@@ -43,11 +43,19 @@ from jax_kvoffload.tiers._disk_fs import (
     open_private_dir,
     open_private_root,
     probe_direct_io,
+    read_all,
+    tmp_name,
+    write_all,
+    write_description,
 )
-from jax_kvoffload.tiers._disk_index import DiskIndex, scan_root
+from jax_kvoffload.tiers._disk_index import DiskIndex, scan_root, sweep_tmp
 from jax_kvoffload.tiers._disk_sync import Syncer
 from jax_kvoffload.tiers._entry import check_header, encode_header
-from jax_kvoffload.tiers._errors import DirectIOUnavailableError, TierStateError
+from jax_kvoffload.tiers._errors import (
+    DirectIOUnavailableError,
+    TierStateError,
+    buffer_size_error,
+)
 from jax_kvoffload.tiers._jobs import JobRunner
 from jax_kvoffload.tiers._payload import check_items, check_keys, log_once
 
@@ -56,7 +64,6 @@ __all__ = ["DiskTier"]
 logger = logging.getLogger(__name__)
 
 _O_DIRECT = getattr(os, "O_DIRECT", 0)
-_seq = itertools.count()
 
 
 class DiskTier(SecondaryTier):
@@ -116,7 +123,7 @@ class DiskTier(SecondaryTier):
             )
         self.direct_io = bool(probed)
         if describe is not None:
-            self._write_description(describe)
+            write_description(self._ns_fd, describe)
         self._index = DiskIndex(config.capacity_bytes, self._counters)
         self._shard_lock = threading.Lock()
         if config.fsync:
@@ -130,7 +137,8 @@ class DiskTier(SecondaryTier):
             make_state=lambda kind: StagingBuffer(),
             close_state=lambda buf: buf.close(),
         )
-        self._scan_done = threading.Event()
+        self._scan_done = threading.Event()  # the start-up scan ended
+        self._scan_exited = threading.Event()  # and the delayed sweep after it
         self._scan_stop = threading.Event()
         self._scanner = threading.Thread(target=self._rescan, name="disk-tier-rescan", daemon=True)
         self._scanner.start()
@@ -172,7 +180,7 @@ class DiskTier(SecondaryTier):
         self._check_open()
         views = check_items(items, "items", writable=True)
         self._counters.add(loads_submitted=1)
-        tasks = [(i, i + 1, self._load_task(key, view)) for i, (key, view) in enumerate(views)]
+        tasks = [(i, i + 1, self._load_task(i, key, view)) for i, (key, view) in enumerate(views)]
         return self._runner.submit("load", [k for k, _ in views], tasks, 0)
 
     def drain(self, timeout: float | None = None) -> bool:
@@ -187,7 +195,7 @@ class DiskTier(SecondaryTier):
         self._runner.close()
         if self._syncer is not None:
             self._syncer.close()  # the stores the runner's threads handed it complete
-        self._scan_done.wait()  # not join() alone: see JobRunner.close
+        self._scan_exited.wait()  # not join() alone: see JobRunner.close
         self._scanner.join()
         self._close_fds()
 
@@ -233,10 +241,12 @@ class DiskTier(SecondaryTier):
             if stat.S_ISREG(st.st_mode):
                 self._counters.add(keys_already_present=1, keys_stored=1)
                 self._index.touch(f"{self._ns_name}/{rel}", st.st_size)
+                self._evict(keep=f"{self._ns_name}/{rel}")
                 return True, 0
         except OSError:
             pass  # absent (or unreadable: the write below says why)
-        tmp = f".{name}.{os.getpid()}.{threading.get_native_id()}.{next(_seq)}.tmp"
+        tmp = tmp_name(name)
+        begun = time.monotonic()
         try:
             size = self._write_tmp(stage, shard, tmp, key, payload)
             if self._syncer is None:
@@ -248,7 +258,7 @@ class DiskTier(SecondaryTier):
         if self._syncer is None:
             return self._stored(rel, n, size)
         return _then(
-            self._syncer.submit(shard, tmp, name),
+            self._syncer.submit(shard, tmp, name, begun),
             lambda err: self._stored(rel, n, size) if err is None else self._failed(err),
         )
 
@@ -269,19 +279,19 @@ class DiskTier(SecondaryTier):
             fd = os.open(f"{shard}/{tmp}", flags, 0o600, dir_fd=self._ns_fd)
         try:
             if not self.direct_io:
-                _write_all(fd, [header, payload], total)
+                write_all(fd, [header, payload], total)
                 return total
             if is_aligned(payload):
                 head = stage.view(ALIGN)
                 head[:] = header
-                _write_all(fd, [head, payload], total)
+                write_all(fd, [head, payload], total)
                 return total
             size = -(-total // ALIGN) * ALIGN
             buf = stage.view(size)
             buf[:ALIGN] = header
             buf[ALIGN:total] = payload
             buf[total:] = bytes(size - total)
-            _write_all(fd, [buf], size)
+            write_all(fd, [buf], size)
             return size
         finally:
             os.close(fd)
@@ -304,24 +314,30 @@ class DiskTier(SecondaryTier):
 
     # ---- load ----------------------------------------------------------------------------
 
-    def _load_task(self, key: bytes, out: memoryview):
-        def run(stage: StagingBuffer) -> tuple[list[bool], int]:
+    def _load_task(self, index: int, key: bytes, out: memoryview):
+        def run(stage: StagingBuffer):
             ok = self._load_one(stage, key, out)
-            self._counters.add(load_hits=int(ok), load_misses=int(not ok))
-            if ok:
+            self._counters.add(load_hits=ok is True, load_misses=ok is not True)
+            if ok is True:
                 self._counters.add(bytes_read=len(out))
-            return [ok], len(out) if ok else 0
+                return [True], len(out)
+            if isinstance(ok, int) and ok is not False:  # a whole entry of another length
+                return [False], 0, buffer_size_error(index, len(out), ok, self.config.path)
+            return [False], 0
 
         return run
 
-    def _load_one(self, stage: StagingBuffer, key: bytes, out: memoryview) -> bool:
+    def _load_one(self, stage: StagingBuffer, key: bytes, out: memoryview) -> bool | int:
+        """Loads one entry into `out`: True (a verified hit), False (a miss), or the
+        payload length of a whole, checked entry that `out` does not fit (kept)."""
         shard, name = entry_name(self._namespace, key)
         rel = f"{shard}/{name}"
         n = len(out)
         flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
         try:
             fd = os.open(rel, flags | (_O_DIRECT if self.direct_io else 0), dir_fd=self._ns_fd)
-        except FileNotFoundError:
+        except FileNotFoundError:  # evicted (perhaps by another process): out of the budget
+            self._index.discard(f"{self._ns_name}/{rel}")
             return False
         except OSError as e:
             if e.errno == errno.ELOOP:  # a link where an entry should be: never followed
@@ -336,20 +352,30 @@ class DiskTier(SecondaryTier):
                 return False
             total = ALIGN + n
             if not total <= st.st_size <= -(-total // ALIGN) * ALIGN:
+                # Not this payload's size: a bad file, or a whole entry of another length
+                # (the caller's buffer is wrong): only the header can tell them apart.
+                other = self._stored_length(fd, stage, key, st.st_size)
+                if other is not None:
+                    return other
                 self._reject(rel, st, f"size {st.st_size} for a payload of {n}")
                 return False
             if not self.direct_io or is_aligned(out):
                 head = stage.view(ALIGN)
-                got = _read_all(fd, [head, out], total)
+                got = read_all(fd, [head, out], total)
             else:
                 size = -(-total // ALIGN) * ALIGN
                 buf = stage.view(size)
-                got = _read_all(fd, [buf], total)
+                got = read_all(fd, [buf], total)
                 head = buf[:ALIGN]
             if got < total:
                 self._reject(rel, st, "short read")
                 return False
-            hdr = check_header(head, namespace=self._namespace, key=key, payload_len=n)
+            hdr = check_header(head, namespace=self._namespace, key=key)
+            if not isinstance(hdr, str) and hdr.payload_len != n:
+                other = self._stored_length(fd, stage, key, st.st_size)
+                if other is not None:  # a whole entry a byte or so longer or shorter
+                    return other
+                hdr = f"payload length {hdr.payload_len} != expected {n}"
             if isinstance(hdr, str):
                 self._reject(rel, st, hdr)
                 return False
@@ -361,12 +387,26 @@ class DiskTier(SecondaryTier):
             with contextlib.suppress(OSError):
                 os.utime(fd)  # recency for the LRU, kept across restarts
             self._index.touch(f"{self._ns_name}/{rel}", st.st_size)
+            self._evict(keep=f"{self._ns_name}/{rel}")  # another process's entry joined
             return True
         except OSError as e:
             self._io_error("load", e)
             return False
         finally:
             os.close(fd)
+
+    def _stored_length(self, fd: int, stage: StagingBuffer, key: bytes, size: int) -> int | None:
+        """The payload length of the entry open at `fd` if its header is whole, checks
+        out for this key and namespace and agrees with the file's size; else None."""
+        head = stage.view(ALIGN)
+        if size < ALIGN or read_all(fd, [head], ALIGN) < ALIGN:
+            return None
+        hdr = check_header(head, namespace=self._namespace, key=key)
+        if isinstance(hdr, str):
+            return None
+        plen = hdr.payload_len
+        fits = ALIGN + plen <= size <= -(-(ALIGN + plen) // ALIGN) * ALIGN
+        return plen if fits and hdr.header_len == ALIGN else None
 
     def _reject(self, rel: str, st: os.stat_result | None, reason: str) -> None:
         """Counts a bad entry and removes it (only if the file is still the one read)."""
@@ -396,16 +436,19 @@ class DiskTier(SecondaryTier):
             try:
                 os.unlink(rel, dir_fd=self._root_fd)
             except FileNotFoundError:
-                pass
+                continue  # gone already (another process evicted it): out of the index
             except OSError as e:
                 self._io_error("evict", e)
                 continue
             self._counters.add(evictions=1, bytes_evicted=size)
 
     def _rescan(self) -> None:
+        undecided: list = []
         try:
             deadline = time.monotonic() + self.config.rescan_timeout_s
-            entries, finished = scan_root(self._root_fd, deadline, _unlink_quietly, self._scan_stop)
+            entries, finished = scan_root(
+                self._root_fd, deadline, _unlink_quietly, self._scan_stop, undecided
+            )
             self._index.merge_scanned(entries)
             if not finished and not self._scan_stop.is_set():
                 logger.warning(
@@ -420,6 +463,14 @@ class DiskTier(SecondaryTier):
             logger.exception("disk tier at %s: start-up scan failed", self.config.path)
         finally:
             self._scan_done.set()
+        try:
+            # Temporary files whose writer may live: gone if untouched a while later.
+            if undecided and not self._scan_stop.wait(_disk_index.TMP_GRACE_S):
+                sweep_tmp(self._root_fd, undecided, _unlink_quietly)
+        except Exception:
+            logger.exception("disk tier at %s: sweep of temporary files failed", self.config.path)
+        finally:
+            self._scan_exited.set()
 
     def _io_error(self, op: str, e: OSError) -> None:
         self._counters.add(errors=1, store_failures=int(op == "store"))
@@ -432,36 +483,6 @@ class DiskTier(SecondaryTier):
             op,
             e,
         )
-
-    def _write_description(self, describe: Mapping[str, Any]) -> None:
-        import json
-
-        data = json.dumps(dict(describe), indent=2, sort_keys=True).encode()
-        tmp = f".namespace.json.{os.getpid()}.{threading.get_native_id()}.{next(_seq)}.tmp"
-        try:
-            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-            fd = os.open(tmp, flags, 0o600, dir_fd=self._ns_fd)
-            try:
-                os.write(fd, data)
-            finally:
-                os.close(fd)
-            os.rename(tmp, "namespace.json", src_dir_fd=self._ns_fd, dst_dir_fd=self._ns_fd)
-        except OSError as e:
-            _unlink_quietly(self._ns_fd, tmp)
-            logger.warning("disk tier: could not write namespace.json: %s", e)
-
-
-def _write_all(fd: int, bufs: list[Any], total: int) -> None:
-    # Regular files are written whole or fail; a short count means the disk filled up
-    # mid-write, and the next write would say so.
-    done = os.pwritev(fd, bufs, 0)
-    if done < total:
-        raise OSError(errno.ENOSPC, f"short write: {done} of {total} bytes")
-
-
-def _read_all(fd: int, bufs: list[memoryview], total: int) -> int:
-    # A regular file reads whole up to its end; fewer bytes mean the file is shorter.
-    return os.preadv(fd, bufs, 0)
 
 
 def _then(future: cf.Future, fn) -> cf.Future:

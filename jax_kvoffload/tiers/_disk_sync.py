@@ -13,9 +13,19 @@ file:
    directory touched.
 
 Only then is each store reported (its future resolves), so a store reported done
-survives a crash or a power loss. A crash before step 3 leaves temporary files (removed
-at the next start) or renamed files whose bytes are durable; a torn file is never read
-as an entry in any case (every read checks the CRC32C).
+survives a crash or a power loss.
+
+A failed `syncfs` reports a write-back error of the whole filesystem once (Linux keeps
+one error sequence per filesystem and advances it for the descriptor that saw it): the
+lost pages may belong to files queued behind the failed batch, or still being written,
+and the next `syncfs` would then succeed while their bytes are gone. So every file
+whose writing began before the failed call returned is made durable by its own
+`fdatasync` (a fresh descriptor of the file still reports its own unseen error), and
+only files begun afterwards rely on `syncfs` alone.
+
+A crash before step 3 leaves temporary files (removed at the next start) or renamed
+files whose bytes are durable; a torn file is never read as an entry in any case (every
+read checks the CRC32C).
 
 Why `syncfs`: every `fdatasync` of a new file is a journal commit and a disk cache
 flush; eight writers storing 2 MiB entries spent ~20 % of their time in them on an
@@ -33,6 +43,7 @@ import contextlib
 import ctypes
 import os
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 
@@ -64,12 +75,13 @@ SYNCFS = _load_syncfs()
 
 
 class _Item:
-    __slots__ = ("final", "future", "shard", "tmp")
+    __slots__ = ("begun", "final", "future", "shard", "tmp")
 
-    def __init__(self, shard: str, tmp: str, final: str) -> None:
+    def __init__(self, shard: str, tmp: str, final: str, begun: float) -> None:
         self.shard = shard
         self.tmp = tmp
         self.final = final
+        self.begun = begun  # time.monotonic() before the file was created
         # None once durable and in place, else the OSError that failed it.
         self.future: cf.Future[OSError | None] = cf.Future()
 
@@ -88,16 +100,24 @@ class Syncer:
         self._ns_fd = ns_fd
         self._syncfs = SYNCFS if syncfs is ... else syncfs
         self._queue: deque[_Item] = deque()
+        # When the last failed syncfs returned: files begun before it get their own
+        # fdatasync (the failure may have consumed their write-back error).
+        self._syncfs_failed_at = float("-inf")
         self._cond = threading.Condition()
         self._stop = False
         self._exited = threading.Event()  # see JobRunner.close: join alone is not enough
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
-    def submit(self, shard: str, tmp: str, final: str) -> cf.Future[OSError | None]:
+    def submit(
+        self, shard: str, tmp: str, final: str, begun: float | None = None
+    ) -> cf.Future[OSError | None]:
         """Queues a written, closed temporary file `<shard>/<tmp>` to become
-        `<shard>/<final>` durably; the future resolves to None or the error."""
-        item = _Item(shard, tmp, final)
+        `<shard>/<final>` durably; the future resolves to None or the error.
+
+        `begun`: `time.monotonic()` before the file was created (None: unknown, taken
+        as before any failure)."""
+        item = _Item(shard, tmp, final, float("-inf") if begun is None else begun)
         with self._cond:
             if self._stop:
                 item.future.set_result(OSError("the disk tier is closing"))
@@ -159,13 +179,18 @@ class Syncer:
                     item.future.set_result(errors.get(i))
 
     def _barrier_files(self, batch: list[_Item], whole: bool, errors: dict) -> None:
+        alone = range(len(batch))
         if whole:
             try:
                 self._syncfs(self._ns_fd)
             except OSError as e:
+                self._syncfs_failed_at = time.monotonic()
                 errors.update(dict.fromkeys(range(len(batch)), e))
-            return
-        for i, item in enumerate(batch):
+                return
+            # Begun before an earlier syncfs failed: that failure may have been theirs.
+            alone = [i for i, item in enumerate(batch) if item.begun < self._syncfs_failed_at]
+        for i in alone:
+            item = batch[i]
             try:
                 fd = os.open(
                     f"{item.shard}/{item.tmp}",
@@ -189,6 +214,7 @@ class Syncer:
             try:
                 self._syncfs(self._ns_fd)
             except OSError as e:
+                self._syncfs_failed_at = time.monotonic()
                 errors.update(dict.fromkeys(live, e))
             return
         for shard in dict.fromkeys(batch[i].shard for i in live):

@@ -28,6 +28,7 @@ from jax_kvoffload.errors import KVOffloadTypeError
 from jax_kvoffload.tiers._base import Buffer, SecondaryTier, TierJobResult
 from jax_kvoffload.tiers._crc import crc32c, warn_if_slow
 from jax_kvoffload.tiers._entry import check_header, encode_header, header_length
+from jax_kvoffload.tiers._errors import buffer_size_error
 from jax_kvoffload.tiers._jobs import JobRunner
 from jax_kvoffload.tiers._payload import check_items, check_keys, log_once, reset_log_once
 from jax_kvoffload.tiers._resp import (
@@ -101,11 +102,11 @@ def endpoint_from_config(config: RedisTierConfig) -> Endpoint:
     )
 
 
-def _in_sync(conn: RespConnection, batch, items):
-    """Runs `batch(conn, items)`; an unexpected exception (the job runner fails the task)
-    closes the connection, so the thread's next task never reads this one's replies."""
+def _in_sync(conn: RespConnection, batch, items, *args):
+    """Runs `batch(conn, items, *args)`; an unexpected exception (the job runner fails the
+    task) closes the connection, so the thread's next task never reads this one's replies."""
     try:
-        return batch(conn, items)
+        return batch(conn, items, *args)
     except BaseException:
         conn.close()
         raise
@@ -258,7 +259,7 @@ class RedisTier(SecondaryTier):
         views = check_items(items, "items", writable=True, min_bytes=_MIN_KEY_BYTES)
         self._counters.add(loads_submitted=1)
         tasks = [
-            (a, b, lambda conn, a=a, b=b: _in_sync(conn, self._load_batch, views[a:b]))
+            (a, b, lambda conn, a=a, b=b: _in_sync(conn, self._load_batch, views[a:b], a))
             for a, b in self._batches([len(v) for _, v in views])
         ]
         return self._runner.submit("load", [k for k, _ in views], tasks, 0)
@@ -352,25 +353,33 @@ class RedisTier(SecondaryTier):
         )
         return oks, moved
 
-    def _load_batch(self, conn: RespConnection, items) -> tuple[list[bool], int]:
+    def _load_batch(self, conn: RespConnection, items, first: int):
+        """Loads `items` (the job's from index `first` on): per key verified or not, the
+        bytes moved, and the first buffer of the wrong length (a caller's error)."""
         oks = [False] * len(items)
+        sizes: dict[int, int] = {}  # item -> stored payload length its buffer does not fit
         reused = conn.connected
         if not self._ready(conn):
             self._counters.add(load_misses=len(items))
             return oks, 0
         try:
-            self._exchange(conn, reused, lambda: self._get_batch(conn, items, oks))
+            self._exchange(conn, reused, lambda: self._get_batch(conn, items, oks, sizes))
         except RespConnectionError as e:
             self._mark_down(e)  # keys read before the failure were verified: they stay hits
         else:
             self._mark_up()
         moved = sum(len(out) for (_, out), ok in zip(items, oks, strict=True) if ok)
         self._counters.add(load_hits=sum(oks), load_misses=len(oks) - sum(oks), bytes_read=moved)
+        if sizes:
+            i, stored = min(sizes.items())
+            return oks, moved, buffer_size_error(first + i, len(items[i][1]), stored, self._where)
         return oks, moved
 
-    def _get_batch(self, conn: RespConnection, items, oks: list[bool]) -> None:
-        """One pipelined GET of every item; sets `oks[i]` for each verified hit."""
+    def _get_batch(self, conn: RespConnection, items, oks: list[bool], sizes: dict) -> None:
+        """One pipelined GET of every item; sets `oks[i]` for each verified hit and
+        `sizes[i]` for a whole entry that item i's buffer does not fit."""
         oks[:] = [False] * len(items)
+        sizes.clear()
         bad: list[bytes] = []
         conn.begin()
         conn.send([command(b"GET", self.key_of(k)) for k, _ in items])
@@ -378,6 +387,8 @@ class RedisTier(SecondaryTier):
             reason = self._read_value(conn, key, out)
             if reason is None:
                 oks[i] = True
+            elif isinstance(reason, int):  # kept: the caller's buffer is the wrong size
+                sizes[i] = reason
             elif isinstance(reason, RespServerError):  # e.g. an ACL denial: not the entry
                 log_once(
                     logger,
@@ -405,9 +416,10 @@ class RedisTier(SecondaryTier):
 
     def _read_value(
         self, conn: RespConnection, key: bytes, out: memoryview
-    ) -> str | RespServerError | None:
+    ) -> str | int | RespServerError | None:
         """Reads one GET reply into `out`; None if it is a verified hit, else why not (the
-        server's error reply, "absent", or what is wrong with the stored value)."""
+        server's error reply, "absent", what is wrong with the stored value, or, as an
+        int, the payload length of a whole entry that `out` does not fit)."""
         n = conn.read_bulk_header()
         if isinstance(n, RespServerError):
             return n
@@ -415,8 +427,19 @@ class RedisTier(SecondaryTier):
             return "absent"
         hlen = header_length(len(key))
         if n != hlen + len(out):
-            conn.skip(n)
+            if n < hlen:
+                conn.skip(n)
+                conn.end_bulk()
+                return f"value of {n} bytes for a payload of {len(out)}"
+            # A bad value, or a whole entry of another length (the caller's buffer is
+            # wrong, not the entry): the header tells them apart.
+            head = bytearray(hlen)
+            conn.read_into(memoryview(head))
+            conn.skip(n - hlen)
             conn.end_bulk()
+            hdr = check_header(head, namespace=self._namespace, key=key)
+            if not isinstance(hdr, str) and hdr.payload_len == n - hlen:
+                return hdr.payload_len
             return f"value of {n} bytes for a payload of {len(out)}"
         head = bytearray(hlen)
         conn.read_into(memoryview(head))
