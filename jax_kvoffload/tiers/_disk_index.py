@@ -35,6 +35,7 @@ logger = logging.getLogger(__name__)
 
 _NS_DIR = re.compile(r"^[0-9a-f]{16}$")
 _SHARD = re.compile(r"^[0-9a-f]{2}$")
+_ENTRY = re.compile(r"^[0-9a-f]{40}\.kv$")  # entry_name(): BLAKE2b-160 in hex
 # `.<name>.<pid>[-<token>].<thread>.<n>.tmp` (names before the token: no token).
 _TMP = re.compile(r"^\..+\.(\d+)(?:-([0-9a-f]{8}))?\.\d+\.\d+\.tmp$")
 STALE_TMP_S = 3600.0
@@ -180,8 +181,11 @@ def _scan_leaf(fd, rel_dir, out, me, euid, now, remove, undecided) -> None:
             continue
         if not stat.S_ISREG(st.st_mode) or st.st_uid != euid:
             continue
-        if name.endswith(ENTRY_SUFFIX) and not name.startswith("."):
-            out.append((st.st_mtime, f"{rel_dir}/{name}", st.st_size))
+        if name.endswith(ENTRY_SUFFIX):
+            # Only names an entry can have, in its own shard: another file (an operator's
+            # copy, a sparse terabyte) is neither counted in the budget nor removed.
+            if _ENTRY.match(name) and name[:2] == rel_dir[-2:]:
+                out.append((st.st_mtime, f"{rel_dir}/{name}", st.st_size))
             continue
         m = _TMP.match(name)
         if not m or (int(m.group(1)), m.group(2)) == (me, process_token()):

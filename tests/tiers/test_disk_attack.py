@@ -291,6 +291,36 @@ def test_an_entry_removed_by_another_process_leaves_the_budget(tmp_path):
         tier.close()
 
 
+def test_files_that_are_not_entries_do_not_count_in_the_budget(tmp_path):
+    # A sparse terabyte named like an entry, dropped in a shard by a careless operator:
+    # before, the scan counted it and evicted every real entry at start.
+    path = str(tmp_path / "t")
+    entry = 4096 + N
+    tier = open_disk(path, capacity_bytes=4 * entry)
+    assert store(tier, [1, 2]).all_ok
+    tier.close()
+    shard_dir = os.path.dirname(entry_path(path, 1))
+    shard = os.path.basename(shard_dir)
+    other = "00" if shard != "00" else "01"
+    bogus = [
+        os.path.join(shard_dir, "bogus.kv"),
+        os.path.join(shard_dir, other + "0" * 38 + ".kv"),  # a name of another shard
+        os.path.join(shard_dir, shard + "0" * 39 + ".kv"),  # too long for an entry
+    ]
+    for name in bogus:
+        with open(name, "wb") as f:
+            f.truncate(1 << 40)
+    tier = open_disk(path, capacity_bytes=4 * entry)
+    try:
+        assert tier.wait_rescan(10)
+        s = tier.stats()
+        assert (s.entries, s.bytes_used, s.evictions) == (2, 2 * entry, 0)
+        assert all(os.path.exists(entry_path(path, i)) for i in (1, 2))
+        assert all(os.path.exists(name) for name in bogus)  # not ours to remove either
+    finally:
+        tier.close()
+
+
 def test_hits_on_another_process_s_entries_keep_the_budget(tmp_path):
     # Before: a hit (or an "already there" store) added the other process's entry to
     # the index without evicting, so bytes_used stayed over capacity_bytes until the
