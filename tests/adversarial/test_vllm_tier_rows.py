@@ -39,3 +39,34 @@ def test_a_chunk_id_outside_the_primary_rows_is_refused(tmp_path, chunk):
         assert ours.tier.contains([bytes(key)]) == [False]
     finally:
         m.shutdown()
+
+
+def test_an_entry_of_another_row_size_is_a_miss_and_is_kept(tmp_path):
+    # An engine of another geometry writing the same namespace (e.g. the same served
+    # model name over another model): its entry does not fit our row. The tier raises
+    # TierBufferSizeError from the job; the manager reports a failed load and a miss
+    # (before: the entry was removed as corrupt; raising would end vLLM's scheduler).
+    import time
+
+    import numpy as np
+
+    tier = {"type": "JaxDiskTier", "module_path": BRIDGE, "path": str(tmp_path / "t"),
+            "capacity_bytes": "1GiB"}  # fmt: skip
+    spec = make_spec(tier, chunks=4)
+    m = spec.get_manager()
+    try:
+        ours = m.secondary_tiers[0]
+        key = make_offload_key(b"\x02" * 32, 0)
+        row_bytes = rows(spec, m).shape[1]
+        other = np.full(2 * row_bytes, 5, np.uint8)
+        assert ours.tier.submit_store([(bytes(key), other)]).result(30).all_ok
+        ours.submit_load(types.SimpleNamespace(job_id=7, keys=[key], chunk_ids=[1]))
+        deadline, results = time.monotonic() + 30, []
+        while not results and time.monotonic() < deadline:
+            results = ours.get_finished_jobs()
+            time.sleep(0.01)
+        assert [(r.job_id, r.success) for r in results] == [(7, False)]
+        assert ours.tier.contains([bytes(key)]) == [True]
+        assert ours.tier.stats().corrupt == 0
+    finally:
+        m.shutdown()
