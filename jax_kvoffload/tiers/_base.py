@@ -131,7 +131,10 @@ class SecondaryTier(ABC):
       that missed leaves its buffer unspecified (it may hold part of a rejected entry).
     - **Threads.** Every method may be called from any thread, concurrently. Failures
       inside jobs never raise to the caller: they are misses / failed keys, logged once
-      per kind and counted. Each job's future completes exactly once, also on `close()`
+      per kind and counted. Only a caller's error found inside a load job raises, from
+      its future once every key finished: an `out` buffer whose length is not that of
+      the whole, checked entry its key holds (`TierBufferSizeError`, the job's result
+      in `.result`; the entry is kept). Each job's future completes exactly once, also on `close()`
       (queued jobs then fail).
     - **Bounded.** No call waits without bound: I/O has timeouts (network) or is a local
       syscall; `drain(timeout)` and `close()` wait only for running I/O.
@@ -171,7 +174,9 @@ class SecondaryTier(ABC):
     @abstractmethod
     def submit_load(self, items: Sequence[tuple[bytes, Buffer]]) -> cf.Future[TierJobResult]:
         """Loads each key's payload into its writable `out` buffer of the exact payload
-        length; a key whose entry is absent or fails a check is a miss."""
+        length; a key whose entry is absent or fails a check is a miss (and the entry
+        removed); a whole entry of another length is kept and the future raises
+        `TierBufferSizeError`."""
 
     @abstractmethod
     def drain(self, timeout: float | None = None) -> bool:
