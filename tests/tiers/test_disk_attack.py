@@ -391,3 +391,50 @@ def test_two_tiers_storing_evicting_and_loading_the_same_keys_never_serve_a_wron
     finally:
         for tier in tiers:
             tier.close()
+
+
+def test_close_while_threads_store_and_the_syncer_is_mid_batch(tmp_path, monkeypatch):
+    # close() from another thread while four threads store and the syncer sits in a
+    # syncfs: every future completes exactly once, each reported store is on disk,
+    # close() returns once the batch ends, no temporary file is left.
+    entered, release = threading.Event(), threading.Event()
+
+    def syncfs(fd):
+        entered.set()
+        release.wait(10)
+
+    monkeypatch.setattr(_disk_sync, "SYNCFS", syncfs)
+    monkeypatch.setattr(_disk_sync, "SYNCFS_MIN_FILES", 1)
+    path = str(tmp_path / "t")
+    tier = open_disk(path, write_threads=2)
+    futures, lock = [], threading.Lock()
+
+    def storer(base):
+        for i in range(base, base + 10):
+            try:
+                f = tier.submit_store([(key(i), payload(key(i), 4096))])
+            except Exception:  # TierClosedError once close() began
+                return
+            with lock:
+                futures.append((i, f))
+
+    threads = [threading.Thread(target=storer, args=(100 * t,)) for t in range(4)]
+    for t in threads:
+        t.start()
+    assert entered.wait(10)
+    closer = threading.Thread(target=tier.close)
+    closer.start()
+    time.sleep(0.1)
+    assert closer.is_alive()  # waits for the batch in its syncfs
+    release.set()
+    closer.join(10)
+    for t in threads:
+        t.join(10)
+    assert not closer.is_alive()
+    done = []
+    for i, f in futures:
+        r = f.result(timeout=1)  # every future completed
+        if r.all_ok:
+            done.append(i)
+            assert os.path.exists(entry_path(path, i))
+    assert done and tmp_files(path) == []
