@@ -32,6 +32,7 @@ from jax_kvoffload.store import (
     LRUPolicy,
     add_policy_resolver,
 )
+from jax_kvoffload.store._context import register_plain_context
 
 __all__ = ["build_manager_class", "install_vllm_types"]
 
@@ -46,6 +47,23 @@ def _vllm_policy(name: str) -> type | None:
         return CachePolicyFactory.get_cache_policy_cls(name, None)
     except ValueError:
         return None
+
+
+def _positions_are_plain(req_context_cls: type) -> bool:
+    """Whether vLLM's `ReqContext` keeps positions in `_offload_key_positions` and
+    `get_offload_key_position` reads that dict (true of 0.33.0; checked on a probe, so
+    another version falls back to calling the method)."""
+    probe = req_context_cls(req_id="probe")
+    positions = getattr(probe, "_offload_key_positions", None)
+    if type(positions) is not dict:
+        return False
+    probe.set_offload_key_position(b"key0", 16)
+    positions[b"key1"] = 32
+    return (
+        positions == {b"key0": 16, b"key1": 32}
+        and probe.get_offload_key_position(b"key1") == 32
+        and probe.get_offload_key_position(b"key2") is None
+    )
 
 
 @functools.cache
@@ -63,6 +81,8 @@ def install_vllm_types() -> None:
     from vllm.v1.kv_offload.cpu.policies.base import CachePolicy
 
     AbstractRequestContext.register(ReqContext)
+    if _positions_are_plain(ReqContext):
+        register_plain_context(ReqContext, "_offload_key_positions")
     AbstractEvictionPolicy.register(CachePolicy)
     CachePolicy.register(LRUPolicy)
     CachePolicy.register(ARCPolicy)

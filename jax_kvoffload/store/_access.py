@@ -9,14 +9,18 @@ chunk was allocated.
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import operator
 from collections.abc import Iterable, Sequence
 
-from ._context import AbstractRequestContext
+from ._context import AbstractRequestContext, position_reader
 from ._errors import StoreError
 from ._keys import GROUP_IDX_BYTES, OffloadKey
 from ._policy_base import RequestKeyGroups
 
 __all__ = ["RequestAccess", "RequestFinishedError", "access_state", "finished_key_groups"]
+
+_group_tag = operator.itemgetter(slice(-GROUP_IDX_BYTES, None))  # the group index bytes
 
 
 class RequestFinishedError(StoreError):
@@ -29,16 +33,17 @@ class RequestFinishedError(StoreError):
 
 @dataclasses.dataclass(slots=True)
 class RequestAccess:
-    """Keys one request observed, grouped by KV-cache group in first-seen order.
+    """Keys one request observed, in first-seen order, and how it used them.
 
-    Groups are keyed by the key's last 4 bytes (the big-endian group index), which
-    sort as the indices do.
+    ``seen`` is an insertion-ordered dict (values unused): recording a batch is one
+    C-level ``update``, and the keys are grouped by KV-cache group only once, when
+    the request finishes (vLLM groups them as it records them: the same groups, in
+    the same first-seen order within each group).
     """
 
     owner: object
     generation: int
-    key_groups: dict[bytes, list[OffloadKey]] = dataclasses.field(default_factory=dict)
-    seen_keys: set[OffloadKey] = dataclasses.field(default_factory=set)
+    seen: dict[OffloadKey, None] = dataclasses.field(default_factory=dict)
     inserted_keys: set[OffloadKey] = dataclasses.field(default_factory=set)
     reused_keys: set[OffloadKey] = dataclasses.field(default_factory=set)
     store_miss_keys: set[OffloadKey] = dataclasses.field(default_factory=set)
@@ -47,7 +52,7 @@ class RequestAccess:
     def check_open(self, keys: Iterable[OffloadKey], ctx: AbstractRequestContext) -> None:
         """Raises if the request finished and ``keys`` holds a key it has not seen."""
         if self.finished:
-            seen = self.seen_keys
+            seen = self.seen
             for key in keys:
                 if key not in seen:
                     raise RequestFinishedError(
@@ -56,25 +61,18 @@ class RequestAccess:
                         f"called) but observed key {key!r}; use a new context per request."
                     )
 
-    def record(self, keys: Iterable[OffloadKey], policy: object, ctx: object) -> None:
+    def record(self, keys: Sequence[OffloadKey], policy: object, ctx: object) -> None:
         """Records ``keys`` in prefix order; the policy observes the new ones.
 
         ``check_open`` must have passed for ``keys``.
         """
-        seen, groups = self.seen_keys, self.key_groups
-        new_keys = []
-        for key in keys:
-            if key in seen:
-                continue
-            tag = key[-GROUP_IDX_BYTES:]
-            group = groups.get(tag)
-            if group is None:
-                groups[tag] = [key]
-            else:
-                group.append(key)
-            seen.add(key)
-            new_keys.append(key)
-        if new_keys:
+        seen = self.seen
+        num_seen = len(seen)
+        # dict.fromkeys drops repeats within the batch; update skips keys already seen
+        # and appends the new ones in order, so the tail of `seen` is the new keys.
+        seen.update(dict.fromkeys(keys))
+        if len(seen) != num_seen:
+            new_keys = list(itertools.islice(seen, num_seen, None))
             policy.on_request_access(new_keys, ctx)  # type: ignore[attr-defined]
 
     def record_reused(self, keys: Iterable[OffloadKey]) -> None:
@@ -96,6 +94,22 @@ def access_state(ctx: AbstractRequestContext, owner: object, generation: int) ->
     return state
 
 
+def _by_group(keys: list[OffloadKey]) -> list[list[OffloadKey]]:
+    """``keys`` split by group index (ascending), first-seen order kept in each."""
+    if len(set(map(_group_tag, keys))) <= 1:  # one group: the common case, in C
+        return [keys] if keys else []
+    groups: dict[bytes, list[OffloadKey]] = {}
+    for key in keys:
+        tag = key[-GROUP_IDX_BYTES:]
+        group = groups.get(tag)
+        if group is None:
+            groups[tag] = [key]
+        else:
+            group.append(key)
+    # The tags are big-endian indices: as bytes they sort as the indices do.
+    return [groups[tag] for tag in sorted(groups)]
+
+
 def finished_key_groups(state: RequestAccess, ctx: AbstractRequestContext) -> RequestKeyGroups:
     """Returns the request's keys per group (ascending index), each head to tail.
 
@@ -106,24 +120,27 @@ def finished_key_groups(state: RequestAccess, ctx: AbstractRequestContext) -> Re
     """
     groups = []
     all_positions: dict[OffloadKey, int] | None = {}
-    position_of = ctx.get_offload_key_position
-    for tag in sorted(state.key_groups):
-        keys: Sequence[OffloadKey] = state.key_groups[tag]
-        positions = {}
-        for key in keys:
-            position = position_of(key)
-            if position is None:
-                all_positions = None
-                break
-            positions[key] = position
+    position_of = position_reader(ctx)
+    by_group = _by_group(list(state.seen))
+    for keys in by_group:
+        found = list(map(position_of, keys))
+        if None in found:
+            all_positions = None
         else:
-            keys = sorted(keys, key=positions.__getitem__)
-            if all_positions is not None:
-                all_positions.update(positions)
+            if all_positions is not None and len(by_group) > 1:
+                all_positions.update(zip(keys, found, strict=True))
+            # Keys are usually recorded in prefix order already: then the stable sort
+            # by position would leave them as they are (sorting the ints is cheap).
+            if found != sorted(found):
+                positions = dict(zip(keys, found, strict=True))
+                keys = sorted(keys, key=positions.__getitem__)
         groups.append(tuple(keys))
     out = RequestKeyGroups(groups)
-    head_to_tail = [key for group in groups for key in group]
-    if all_positions is not None and len(groups) > 1:
-        head_to_tail.sort(key=all_positions.__getitem__)
+    if len(groups) == 1:
+        head_to_tail = list(groups[0])
+    else:
+        head_to_tail = [key for group in groups for key in group]
+        if all_positions is not None:
+            head_to_tail.sort(key=all_positions.__getitem__)
     out.head_to_tail = head_to_tail
     return out

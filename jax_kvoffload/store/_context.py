@@ -4,11 +4,20 @@ from __future__ import annotations
 
 import abc
 import enum
+import operator
+from collections.abc import Callable
 from typing import TypeVar
 
 from ._errors import StoreError, StoreTypeError
 
-__all__ = ["AbstractRequestContext", "LookupResult", "RequestContext", "check_context"]
+__all__ = [
+    "AbstractRequestContext",
+    "LookupResult",
+    "RequestContext",
+    "check_context",
+    "position_reader",
+    "register_plain_context",
+]
 
 _T = TypeVar("_T")
 
@@ -154,3 +163,28 @@ def check_context(ctx: object) -> None:
         f"ctx must be a RequestContext (or vLLM's ReqContext through "
         f"jax_kvoffload.bridge.vllm), or None; got {type(ctx).__name__}: {ctx!r}."
     )
+
+
+# Exact context types whose `get_offload_key_position` is a plain `.get` of an instance
+# dict, with that dict's attribute getter. The store and the built-in policies read a
+# position for nearly every key a request stores, loads or finishes with; the dict's
+# C-level `get` saves one Python frame per key. Subclasses are not listed: they may
+# override the method.
+_POSITION_DICTS: dict[type, Callable[[object], Callable[[bytes], int | None]]] = {
+    RequestContext: operator.attrgetter("_positions.get")
+}
+
+
+def register_plain_context(cls: type, positions_attr: str) -> None:
+    """Declares that ``cls(...).get_offload_key_position(key)`` is
+    ``getattr(ctx, positions_attr).get(key)`` (vLLM's ``ReqContext``: the bridge
+    checks that on a probe before it registers it)."""
+    _POSITION_DICTS[cls] = operator.attrgetter(f"{positions_attr}.get")
+
+
+def position_reader(ctx: AbstractRequestContext) -> Callable[[bytes], int | None]:
+    """Returns ``ctx.get_offload_key_position``, or the same read without its frame."""
+    getter = _POSITION_DICTS.get(type(ctx))
+    if getter is None:
+        return ctx.get_offload_key_position
+    return getter(ctx)

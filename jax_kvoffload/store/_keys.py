@@ -107,13 +107,19 @@ def check_keys(keys: Iterable[object], name: str = "keys") -> list[OffloadKey]:
                 f"{name} must be a sequence of bytes keys, got {type(keys).__name__}: {keys!r}."
             ) from None
     for key in out:
-        # The exact-type test is the fast path; subclasses of bytes are accepted too.
-        if type(key) is not bytes and not isinstance(key, bytes):
+        # One pass tests both rules (the exact-type test is the fast path; subclasses
+        # of bytes are accepted too); the errors come from the passes below, which
+        # report a wrong type before a short key, as the rules are listed.
+        if (type(key) is not bytes and not isinstance(key, bytes)) or len(key) < GROUP_IDX_BYTES:
+            break
+    else:
+        return out  # type: ignore[return-value]
+    for key in out:
+        if not isinstance(key, bytes):
             raise StoreTypeError(
                 f"every element of {name} must be bytes (an offload key), "
                 f"got {type(key).__name__}: {key!r}; build keys with make_offload_key()."
             )
-    if out and min(map(len, out)) < GROUP_IDX_BYTES:
-        for key in out:
-            _check_key_length(key)
-    return out  # type: ignore[return-value]
+    for key in out:
+        _check_key_length(key)
+    raise AssertionError("unreachable: a key failed the test above")  # pragma: no cover

@@ -8,12 +8,14 @@ from collections.abc import Iterable, Sequence
 from typing import final
 
 from ._context import AbstractRequestContext as RequestContext
+from ._context import position_reader
 from ._errors import StoreError
 from ._keys import OffloadKey
 from ._policy_base import (
     AbstractEvictionPolicy,
     BatchHooks,
     ChunkStatus,
+    RequestKeyGroups,
     order_request_keys,
     override,
 )
@@ -39,6 +41,9 @@ class _RequestRank:
     rank: int
 
 
+_no_position = {}.get  # the positions of no context: None for every key
+
+
 def _position_error(position: object) -> StoreError:
     return StoreError(
         f"end position {position!r} is out of range: LRU ranks positions in "
@@ -62,6 +67,8 @@ class LRUPolicy(AbstractEvictionPolicy, BatchHooks):
     chunk can change cheaply; a chunk re-enters the heap with its current rank when
     it becomes evictable.
     """
+
+    observes_store_misses = False  # on_store_miss is a no-op (see there)
 
     def __init__(self, cache_capacity: int) -> None:
         super().__init__(cache_capacity)
@@ -142,10 +149,10 @@ class LRUPolicy(AbstractEvictionPolicy, BatchHooks):
         ctx: RequestContext | None,
     ) -> None:
         table, ranks, evictable, heap = self._chunks, self._ranks, self._evictable, self._heap
-        position_of = None if ctx is None else ctx.get_offload_key_position
+        position_of = _no_position if ctx is None else position_reader(ctx)
         request_rank = None
         for key, chunk in zip(keys, chunks, strict=True):
-            position = None if position_of is None else position_of(key)
+            position = position_of(key)
             if position is None:
                 self._next_rank += 1
                 rank = self._next_rank * _SCALE
@@ -183,7 +190,7 @@ class LRUPolicy(AbstractEvictionPolicy, BatchHooks):
         # access, as in vLLM.
         request_rank = self._request_rank(ctx)
         chunks, ranks, evictable = self._chunks, self._ranks, self._evictable
-        position_of = ctx.get_offload_key_position
+        position_of = position_reader(ctx)
         updated = []
         for key in keys:
             if key not in chunks:
@@ -211,7 +218,10 @@ class LRUPolicy(AbstractEvictionPolicy, BatchHooks):
         ctx: RequestContext,
     ) -> None:
         del insertion_only_keys, reused_keys
-        self._refresh(reversed(order_request_keys(key_groups, ctx)))
+        if type(key_groups) is RequestKeyGroups:  # the store's: ordered already
+            self._refresh(reversed(key_groups.head_to_tail))
+        else:
+            self._refresh(reversed(order_request_keys(key_groups, ctx)))
 
     @override
     def evict(
@@ -220,32 +230,36 @@ class LRUPolicy(AbstractEvictionPolicy, BatchHooks):
         if n <= 0:
             return []
         heap, ranks, evictable = self._heap, self._ranks, self._evictable
-        pop = heapq.heappop
+        pop, push = heapq.heappop, heapq.heappush
         selected: list[tuple[int, OffloadKey]] = []
-        selected_keys: set[OffloadKey] = set()
         deferred: list[tuple[int, OffloadKey]] = []
-        while heap and len(selected) < n:
+        missing = n
+        while heap:
             entry = pop(heap)
             rank, key = entry
-            if key not in evictable or ranks.get(key) != rank:
-                continue  # stale: re-ranked, pinned or removed since it was pushed
-            if key in selected_keys:
-                continue  # an equivalent entry left by pin/unpin without re-ranking
+            # Stale entries (re-ranked, pinned or removed since pushed) fail the test,
+            # and so do equivalent entries of a key already selected (pin/unpin leaves
+            # them): a selected key leaves `evictable` at once.
+            if key not in evictable or ranks[key] != rank:
+                continue
             if key in protected:
                 deferred.append(entry)
                 continue
+            evictable.remove(key)
             selected.append(entry)
-            selected_keys.add(key)
+            missing -= 1
+            if not missing:
+                break
         for entry in deferred:
-            heapq.heappush(heap, entry)
-        if len(selected) < n:
+            push(heap, entry)
+        if missing:
+            evictable.update([key for _, key in selected])
             for entry in selected:
-                heapq.heappush(heap, entry)
+                push(heap, entry)
             return None
         chunks = self._chunks
         victims = []
         for _, key in selected:
-            evictable.remove(key)
             del ranks[key]
             victims.append((key, chunks.pop(key)))
         if len(heap) >= max(_MIN_HEAP_WORK, 2 * len(evictable)):
@@ -266,7 +280,7 @@ class LRUPolicy(AbstractEvictionPolicy, BatchHooks):
         self.mark_evictable_many((key,))
 
     @override
-    def mark_evictable_many(self, keys: Iterable[OffloadKey]) -> None:
+    def mark_evictable_many(self, keys: Sequence[OffloadKey]) -> None:
         evictable, ranks, heap, push = self._evictable, self._ranks, self._heap, heapq.heappush
         for key in keys:
             evictable.add(key)

@@ -92,6 +92,10 @@ class BatchHooks:
     time). Every other policy gets vLLM's per-key calls, in vLLM's order.
     """
 
+    # False where `on_store_miss` never changes anything (LRU: it touches keys that
+    # are absent), so the store skips the call and its once-per-request bookkeeping.
+    observes_store_misses: bool = True
+
     def insert_many(
         self,
         keys: Sequence[OffloadKey],
