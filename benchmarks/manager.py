@@ -344,20 +344,19 @@ COLUMNS = (
 
 
 def print_table(rows: list[dict[str, Any]]) -> None:
-    widths = [len(fmt.format(rows[0][k])) if rows else len(h) for k, h, fmt in COLUMNS]
-    widths = [max(w, len(h)) for w, (_, h, _) in zip(widths, COLUMNS, strict=True)]
-    header = [
-        h.rjust(w) if ">" in fmt else h.ljust(w)
-        for (_, h, fmt), w in zip(COLUMNS, widths, strict=True)
-    ]
-    print("  ".join(header))
-    for r in rows:
-        cells = []
-        for (k, _, fmt), w in zip(COLUMNS, widths, strict=True):
-            v = r.get(k)
-            text = "-" if v is None else fmt.format(v)
-            cells.append(text.rjust(w) if ">" in fmt else text.ljust(w))
-        print("  ".join(cells))
+    # Without vLLM the "x vLLM" cells are None: they print as "-", and the widths come
+    # from the printed text of every row, not from formatting the first row's values.
+    texts = [["-" if r.get(k) is None else fmt.format(r[k]) for k, _, fmt in COLUMNS] for r in rows]
+    widths = [max([len(h)] + [len(t[i]) for t in texts]) for i, (_, h, _) in enumerate(COLUMNS)]
+    aligns = [">" in fmt for _, _, fmt in COLUMNS]
+    header = [h for _, h, _ in COLUMNS]
+    for cells in [header, *texts]:
+        print(
+            "  ".join(
+                c.rjust(w) if right else c.ljust(w)
+                for c, w, right in zip(cells, widths, aligns, strict=True)
+            )
+        )
 
 
 def write_outputs(rows: list[dict[str, Any]], meta: dict[str, Any], out: pathlib.Path) -> None:

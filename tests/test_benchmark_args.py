@@ -117,3 +117,26 @@ def test_json_output_is_one_document_on_stdout(capsys):
     report.emit("mesh", args, [("", rows, [report.Col("devices", "devices")])], rows, note="n")
     doc = json.loads(capsys.readouterr().out)
     assert doc["benchmark"] == "mesh" and doc["rows"] == rows and doc["note"] == "n"
+
+
+def test_manager_table_without_vllm_prints_dashes(capsys):
+    """Without vLLM (the README's install) there is no "x vLLM" ratio: the table shows "-"
+    instead of failing to format None (it raised TypeError, so `bench manager` and
+    tests/test_cli.py failed in a venv without vLLM)."""
+    manager = load("manager")
+    row = {
+        "policy": "lru",
+        "impl": "HostStore",
+        "api": "own",
+        "calls": 7739,
+        "trace_ms": 33.6,
+        "us_per_call": 4.341,
+        "speedup": None,
+        "lookups_per_s": 6.8e6,
+        "lookup_speedup": None,
+    }
+    manager.print_table([row, {**row, "policy": "arc", "calls": 12}])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].split()[:7] == ["lru", "HostStore", "own", "7,739", "33.6", "4.341", "-"]
+    assert lines[1].split()[-2:] == ["6,800,000", "-"]
+    assert len({len(line) for line in lines}) == 1  # aligned
