@@ -259,3 +259,29 @@ def test_bench_offers_every_benchmark_script():
 
     scripts = {p.stem for p in (Path(__file__).resolve().parents[1] / "benchmarks").glob("*.py")}
     assert set(BENCHMARKS) == scripts - {"_report", "deviceless_compile"}
+
+
+def test_top_level_help_names_every_benchmark(capsys):
+    from jax_kvoffload.cli import BENCHMARKS
+
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert all(name in out for name in BENCHMARKS), out  # tiers and pools were missing
+
+
+@pytest.mark.parametrize(
+    ("argv", "usage"),
+    [
+        (["demo", "--no-such-flag"], "usage: jax-kvoffload demo"),
+        (["config", "explain", "x.json", "--no-such-flag"], "usage: jax-kvoffload config explain"),
+    ],
+)
+def test_an_unknown_flag_shows_the_subcommands_usage(capsys, argv, usage):
+    """The usage printed with the error lists the flags that do exist (argparse printed
+    the top-level `jax-kvoffload [-h] COMMAND ...`, which lists none of them)."""
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(usage) and "unrecognized arguments: --no-such-flag" in err, err
