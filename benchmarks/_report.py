@@ -53,7 +53,8 @@ def gib_per_s(nbytes: float, seconds: float) -> float:
 class Col:
     """One table column: the row key, a short header, its unit and how to show a value.
 
-    Units: "ms" (the value is in seconds), "GiB/s", "MiB", "KiB", "x" (a ratio shown as
+    Units: "ms" and "µs" (the value is in seconds), "M/s" (the value is per second),
+    "GiB/s", "MiB", "KiB", "x" (a ratio shown as
     1.23x), "%" (a fraction shown as +12.3%), "" (counts and names).
     """
 
@@ -70,6 +71,10 @@ class Col:
             return value
         if self.unit == "ms":
             return f"{1e3 * value:.{self.digits}f}"
+        if self.unit == "µs":
+            return f"{1e6 * value:.{self.digits}f}"
+        if self.unit == "M/s":
+            return f"{value / 1e6:.{self.digits}f}"
         if self.unit == "x":
             return f"{value:.{self.digits}f}×"
         if self.unit == "%":

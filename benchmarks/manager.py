@@ -28,10 +28,7 @@ import argparse
 import bisect
 import contextlib
 import itertools
-import json
-import os
 import pathlib
-import platform
 import random
 import statistics
 import sys
@@ -47,20 +44,6 @@ from jax_kvoffload.store import HostStore, LookupResult, RequestContext, make_of
 TOKENS_PER_CHUNK = 16
 # Op codes of a recorded trace: (op, request index, payload).
 LOOKUP, LOAD, DONE_LOAD, STORE, DONE_STORE, FAIL_STORE, NEW, FINISH, EVENTS, STATS = range(10)
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0:  # also refuses nan
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
-    return value
 
 
 # --- the trace ---
@@ -331,37 +314,25 @@ def time_lookups(manager: Any, ctx: Any, keys: list[bytes]) -> float:
 # --- output ---
 
 COLUMNS = (
-    ("policy", "policy", "{:<6}"),
-    ("impl", "implementation", "{:<26}"),
-    ("api", "interface", "{:<9}"),
-    ("calls", "calls", "{:>8,}"),
-    ("trace_ms", "trace ms", "{:>9.1f}"),
-    ("us_per_call", "µs/call", "{:>8.3f}"),
-    ("speedup", "x vLLM", "{:>7.2f}"),
-    ("lookups_per_s", "lookups/s", "{:>10,.0f}"),
-    ("lookup_speedup", "x vLLM", "{:>7.2f}"),
+    _report.Col("policy", "policy", text=True),
+    _report.Col("impl", "implementation", text=True),
+    _report.Col("api", "interface", text=True),
+    _report.Col("calls", "calls"),
+    _report.Col("trace_s", "trace", "ms", 1),
+    _report.Col("s_per_call", "per call", "µs", 3),
+    _report.Col("speedup", "x vLLM", "x"),
+    _report.Col("lookups_per_s", "lookups", "M/s"),
+    _report.Col("lookup_speedup", "x vLLM", "x"),
 )
 
 
 def print_table(rows: list[dict[str, Any]]) -> None:
-    widths = [len(fmt.format(rows[0][k])) if rows else len(h) for k, h, fmt in COLUMNS]
-    widths = [max(w, len(h)) for w, (_, h, _) in zip(widths, COLUMNS, strict=True)]
-    header = [
-        h.rjust(w) if ">" in fmt else h.ljust(w)
-        for (_, h, fmt), w in zip(COLUMNS, widths, strict=True)
-    ]
-    print("  ".join(header))
-    for r in rows:
-        cells = []
-        for (k, _, fmt), w in zip(COLUMNS, widths, strict=True):
-            v = r.get(k)
-            text = "-" if v is None else fmt.format(v)
-            cells.append(text.rjust(w) if ">" in fmt else text.ljust(w))
-        print("  ".join(cells))
+    # Without vLLM the "x vLLM" cells are None: the table shows "-".
+    print(_report.table(rows, COLUMNS))
 
 
 def write_outputs(rows: list[dict[str, Any]], meta: dict[str, Any], out: pathlib.Path) -> None:
-    _report.write_csv(out / "manager.csv", [k for k, _, _ in COLUMNS], rows)
+    _report.write_csv(out / "manager.csv", [c.key for c in COLUMNS], rows)
     plt = _report.pyplot()
     if plt is None:
         return
@@ -435,8 +406,8 @@ def run_policy(
                 "impl": impl.name,
                 "api": impl.api,
                 "calls": len(ops),
-                "trace_ms": t * 1e3,
-                "us_per_call": t / len(ops) * 1e6,
+                "trace_s": t,
+                "s_per_call": t / len(ops),
                 "speedup": base / t if base else None,
                 "lookups_per_s": 1 / lk,
                 "lookup_speedup": base_lookup / lk if base_lookup else None,
@@ -445,66 +416,58 @@ def run_policy(
     return rows
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    at_least_1 = _report.int_at_least(1)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     size = parser.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true", help="the default: 1,500 requests")
     size.add_argument("--full", action="store_true", help="20,000 requests (~0.5M calls; minutes)")
-    parser.add_argument("--requests", type=_positive_int, help="requests in the trace")
-    parser.add_argument("--prefixes", type=_positive_int, default=300, help="shared prefixes")
-    parser.add_argument("--zipf", type=_positive_float, default=1.1, help="prefix popularity skew")
-    parser.add_argument("--chunks", type=_positive_int, default=2_000, help="host store capacity")
-    parser.add_argument("--groups", type=_positive_int, default=1, help="KV-cache groups")
-    parser.add_argument("--concurrency", type=_positive_int, default=8, help="requests in flight")
-    parser.add_argument("--chunks-per-step", type=_positive_int, default=4, help="offered per step")
-    parser.add_argument("--repeats", type=_positive_int, default=5, help="timed replays (median)")
+    parser.add_argument("--requests", type=at_least_1, help="requests in the trace")
+    parser.add_argument("--prefixes", type=at_least_1, default=300, help="shared prefixes")
+    parser.add_argument(
+        "--zipf", type=_report.positive_float, default=1.1, help="prefix popularity skew"
+    )
+    parser.add_argument("--chunks", type=at_least_1, default=2_000, help="host store capacity")
+    parser.add_argument("--groups", type=at_least_1, default=1, help="KV-cache groups")
+    parser.add_argument("--concurrency", type=at_least_1, default=8, help="requests in flight")
+    parser.add_argument("--chunks-per-step", type=at_least_1, default=4, help="offered per step")
+    parser.add_argument("--repeats", type=at_least_1, default=5, help="timed replays (median)")
     parser.add_argument("--policies", nargs="+", choices=("lru", "arc"), default=["lru", "arc"])
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--json", action="store_true", help="print the result as JSON only")
-    parser.add_argument(
-        "--out", type=pathlib.Path, default=pathlib.Path(__file__).parent / "results"
-    )
-    args = parser.parse_args(argv)
+    _report.add_output_args(parser, pathlib.Path(__file__).parent / "results")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     num_requests = args.requests or (20_000 if args.full else 1_500)
     requests = make_requests(
         num_requests, args.prefixes, args.zipf, args.groups, random.Random(args.seed)
     )
-
-    def progress(text: str) -> None:
-        print(f"\r{text} ...", end="", file=sys.stderr, flush=True)
-
+    progress = _report.Progress(len(args.policies) * args.repeats, quiet=args.quiet)
     rows = []
     for policy in args.policies:
-        rows += run_policy(policy, args, requests, progress)
-    print("\r" + " " * 40 + "\r", end="", file=sys.stderr, flush=True)
+        rows += run_policy(policy, args, requests, progress.step)
+    progress.finish()
+    info = _report.machine()
     meta = {
-        "date": time.strftime("%Y-%m-%d"),
-        "machine": (
-            f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}"
-        ),
         "requests": num_requests,
         "calls": rows[0]["calls"],
         "chunks": args.chunks,
         "repeats": args.repeats,
         "vllm": any(r["impl"].startswith("vLLM") for r in rows),
     }
-    if args.json:
-        print(json.dumps({"meta": meta, "rows": rows}, indent=1))
-        with contextlib.redirect_stdout(sys.stderr):
-            write_outputs(rows, meta, args.out)
-        return 0
-    print(
-        f"Manager calls on one recorded trace: {num_requests:,} requests, {args.chunks:,} chunks, "
-        f"median of {args.repeats} alternating replays ({meta['machine']})"
+    note = (
+        f"one recorded trace of {num_requests:,} requests, {args.chunks:,} host chunks; "
+        f"medians of {args.repeats} alternating replays (CPU time). x vLLM: vLLM's time / "
+        "this time for the same calls (>1 = faster); lookups: lookup alone, on the state "
+        "the trace left"
     )
     if not meta["vllm"]:
-        print("vLLM is not importable: only our own API runs (no comparison)")
-    print_table(rows)
-    print(
-        "x vLLM: vLLM's CPU time / this CPU time for the same calls (>1 = faster); "
-        "lookups/s: lookup alone, on the state the trace left"
-    )
-    write_outputs(rows, meta, args.out)
+        note += ". vLLM is not importable: only our own API runs (no comparison)"
+    _report.emit("manager", args, [("", rows, COLUMNS)], rows, note=note, info={**info, **meta})
+    with contextlib.redirect_stdout(sys.stderr if args.json else sys.stdout):
+        write_outputs(rows, meta, args.out)
     return 0
 
 

@@ -178,7 +178,7 @@ def _add_demo(commands: argparse._SubParsersAction) -> None:
     tiers.add_argument("--role", choices=("writer", "reader"), help=argparse.SUPPRESS)
     demo.add_argument("--json", action="store_true", help="print only JSON on stdout")
     demo.add_argument("--quiet", action="store_true", help="no progress on stderr")
-    demo.set_defaults(func=_demo)
+    demo.set_defaults(func=_demo, subparser=demo)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -197,13 +197,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     explain.add_argument("file", help='JSON file: {"engine": {...}, "kv_cache": {...}}')
     explain.add_argument("--json", action="store_true", help="machine-readable output")
-    explain.set_defaults(func=_config_explain)
+    explain.set_defaults(func=_config_explain, subparser=explain)
     config.set_defaults(func=lambda _args: (config.print_help(), 0)[1])
 
     bench = commands.add_parser(
         "bench",
-        help="run a benchmark script (kernels, offload, manager, canonical, mesh); extra "
-        "arguments pass through, e.g. `jax-kvoffload bench offload --quick`",
+        help=f"run a benchmark script ({', '.join(BENCHMARKS)}); extra arguments pass "
+        "through, e.g. `jax-kvoffload bench offload --quick`",
     )
     bench.add_argument("name", choices=BENCHMARKS)
     bench.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
@@ -214,7 +214,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        # argparse reports a subcommand's unknown flag with the top-level usage, which
+        # hides the flags that exist: report it with the subcommand's own usage instead.
+        getattr(args, "subparser", parser).error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command is None:
         parser.print_help()
         return 0

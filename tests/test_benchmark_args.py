@@ -45,6 +45,10 @@ REFUSED = [
     ("kernels", ["--repeats", "1.5"], "--repeats: must be an integer >= 1, got '1.5'"),
     ("pools", ["--chunk-blocks", "0"], "--chunk-blocks: must be an integer >= 1, got 0"),
     ("pools", ["--blocks", "x"], "--blocks: must be an integer >= 1, got 'x'"),
+    ("manager", ["--requests", "-5"], "--requests: must be an integer >= 1, got -5"),
+    ("manager", ["--chunks", "0"], "--chunks: must be an integer >= 1, got 0"),
+    ("manager", ["--zipf", "nan"], "--zipf: must be a finite number > 0, got nan"),
+    ("manager", ["--quick", "--full"], "not allowed with argument --quick"),
 ]
 
 
@@ -63,6 +67,7 @@ ACCEPTED = [
     ("canonical", ["--quick", "--tp", "1", "2", "--forms", "split-hnd", "--blocks", "32"]),
     ("mesh", ["--quick", "--devices", "1", "2", "--json", "--quiet"]),
     ("kernels", ["--quick", "--backends", "xla", "--max-gib", "0.5", "--out", "/tmp/x"]),
+    ("manager", ["--quick", "--requests", "300", "--policies", "arc", "--json", "--quiet"]),
 ]
 
 
@@ -73,7 +78,7 @@ def test_sensible_arguments_parse(name, argv):
 
 
 def test_every_benchmark_script_of_ours_is_covered():
-    ours = {"offload", "canonical", "mesh", "kernels", "pools"}
+    ours = {"offload", "canonical", "mesh", "kernels", "pools", "manager"}
     assert ours <= {p.stem for p in BENCHMARKS.glob("*.py")}
     assert {n for n, *_ in REFUSED} == ours
 
@@ -117,3 +122,36 @@ def test_json_output_is_one_document_on_stdout(capsys):
     report.emit("mesh", args, [("", rows, [report.Col("devices", "devices")])], rows, note="n")
     doc = json.loads(capsys.readouterr().out)
     assert doc["benchmark"] == "mesh" and doc["rows"] == rows and doc["note"] == "n"
+
+
+def test_manager_table_without_vllm_prints_dashes(capsys):
+    """Without vLLM (the README's install) there is no "x vLLM" ratio: the table shows "-"
+    (formatting None raised TypeError, so `bench manager` and tests/test_cli.py failed in a
+    venv without vLLM), under the shared table's headers and units."""
+    manager = load("manager")
+    row = {
+        "policy": "lru",
+        "impl": "HostStore",
+        "api": "own",
+        "calls": 7739,
+        "trace_s": 0.0336,
+        "s_per_call": 4.341e-6,
+        "speedup": None,
+        "lookups_per_s": 6.8e6,
+        "lookup_speedup": None,
+    }
+    manager.print_table([row, {**row, "policy": "arc", "calls": 12}])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].split() == ["ms", "µs", "M/s"]
+    assert lines[3].split() == [
+        "lru",
+        "HostStore",
+        "own",
+        "7,739",
+        "33.6",
+        "4.341",
+        "-",
+        "6.80",
+        "-",
+    ]
+    assert len({len(line) for line in lines[2:]}) == 1  # aligned

@@ -241,7 +241,7 @@ def test_bench_runs_a_benchmark_script(capsys, tmp_path):
     )
     assert code == 0
     assert (tmp_path / "manager.csv").read_text().count("\n") >= 3  # header + LRU + ARC
-    assert "lookups/s" in out
+    assert "# manager benchmark" in out and "lookups" in out and "M/s" in out
 
 
 def test_bench_rejects_unknown_names(capsys):
@@ -259,3 +259,29 @@ def test_bench_offers_every_benchmark_script():
 
     scripts = {p.stem for p in (Path(__file__).resolve().parents[1] / "benchmarks").glob("*.py")}
     assert set(BENCHMARKS) == scripts - {"_report", "deviceless_compile"}
+
+
+def test_top_level_help_names_every_benchmark(capsys):
+    from jax_kvoffload.cli import BENCHMARKS
+
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert all(name in out for name in BENCHMARKS), out  # tiers and pools were missing
+
+
+@pytest.mark.parametrize(
+    ("argv", "usage"),
+    [
+        (["demo", "--no-such-flag"], "usage: jax-kvoffload demo"),
+        (["config", "explain", "x.json", "--no-such-flag"], "usage: jax-kvoffload config explain"),
+    ],
+)
+def test_an_unknown_flag_shows_the_subcommands_usage(capsys, argv, usage):
+    """The usage printed with the error lists the flags that do exist (argparse printed
+    the top-level `jax-kvoffload [-h] COMMAND ...`, which lists none of them)."""
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(usage) and "unrecognized arguments: --no-such-flag" in err, err

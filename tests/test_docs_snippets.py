@@ -16,7 +16,8 @@
   with calls or imports is refused until it is labelled.
 
 New pages under docs/ are covered without touching this file. Also here: relative links
-and images resolve, and no text cites a document that is not in the repository.
+and images resolve (a link's `#heading` too), and no text cites a document that is not in
+the repository.
 """
 
 from __future__ import annotations
@@ -297,14 +298,62 @@ def test_the_shell_checks_catch_a_bad_command():
 LINK = re.compile(r"!?\[[^\]]*\]\((?P<target>[^)\s]+)\)")
 
 
+HEADING = re.compile(r"^#{1,6}\s+(?P<title>.*?)\s*#*\s*$")
+
+
+def _prose(page: Path) -> str:
+    return re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+
+
+def anchors(page: Path) -> set[str]:
+    """The `#fragment`s a page's headings get on GitHub: lower case, punctuation other than
+    `-` and `_` dropped, spaces as `-`, a repeated heading suffixed `-1`, `-2`, ..."""
+    found: set[str] = set()
+    seen: dict[str, int] = {}
+    for line in _prose(page).splitlines():
+        m = HEADING.match(line)
+        if not m:
+            continue
+        slug = re.sub(r"[^\w\- ]", "", m["title"].strip().lower()).replace(" ", "-")
+        n = seen.get(slug, 0)
+        seen[slug] = n + 1
+        found.add(slug if n == 0 else f"{slug}-{n}")
+    return found
+
+
+def broken_links(page: Path) -> list[str]:
+    """Relative links (and images) of `page` whose file, or heading anchor, is missing."""
+    broken = []
+    for m in LINK.finditer(_prose(page)):
+        path, _, fragment = m["target"].partition("#")
+        if re.match(r"[a-z]+:", path):
+            continue
+        target = page.parent / path if path else page
+        if not target.exists():
+            broken.append(f"{m['target']} (no file {path})")
+        elif fragment and target.suffix == ".md" and fragment not in anchors(target):
+            broken.append(f"{m['target']} (no heading #{fragment} in {path or page.name})")
+    return broken
+
+
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.relative_to(ROOT).as_posix())
 def test_relative_links_resolve(page):
-    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
-    for m in LINK.finditer(text):
-        target = m["target"].split("#", 1)[0]
-        if not target or re.match(r"[a-z]+:", target):
-            continue
-        assert (page.parent / target).exists(), f"{page.relative_to(ROOT)}: broken link {target}"
+    broken = broken_links(page)
+    assert not broken, f"{page.relative_to(ROOT)}: broken links: " + "; ".join(broken)
+
+
+def test_the_link_check_catches_a_missing_file_and_a_renamed_heading(tmp_path):
+    (tmp_path / "other.md").write_text("# Other\n\n## The `x` path, again\n\n## Dup\n## Dup\n")
+    page = tmp_path / "page.md"
+    good = "[a](other.md#the-x-path-again) [b](other.md#dup-1) [c](#here) [d](https://x.org/#q)"
+    page.write_text(f"# Here\n\n{good}\n")
+    assert broken_links(page) == []
+    page.write_text("# Here\n\n[a](missing.md) [b](other.md#the-y-path) [c](#there)\n")
+    assert [b.split()[0] for b in broken_links(page)] == [
+        "missing.md",
+        "other.md#the-y-path",
+        "#there",
+    ]
 
 
 # Documents that were never part of the repository: cite the vLLM source file or say the fact.

@@ -68,6 +68,7 @@ def format_summary(s: dict) -> str:
         ("stored, device->host", _moved(s["store"])),
         ("loaded, host->device", _moved(s["load"])),
         *_stats_rows(s["stats"]),
+        *_tier_rows(s.get("tiers", [])),
         (
             "prefill B with hit",
             f"{pf['with_hit_s'] * 1e3:.1f} ms (load {pf['with_hit_load_s'] * 1e3:.1f} ms, "
@@ -111,6 +112,21 @@ def _stats_rows(st: dict) -> list[tuple[str, str]]:
             f"{jobs}; {st['evictions']} evicted, {st['stores_dropped']} offers dropped",
         ),
     ]
+
+
+def _tier_rows(tiers: list[dict]) -> list[tuple[str, str]]:
+    """One row per `--tier`: what reached it. Without this, a tier that refused every
+    store (a Redis server that is not running) left the summary looking like a success."""
+    rows = []
+    for t in tiers:
+        text = (
+            f"{t['cascaded']} chunks cascaded ({_size(t['cascade_bytes'])}), "
+            f"{t['cascade_failed']} failed, {t['cascade_dropped']} dropped"
+        )
+        if t["cascade_failed"] or (t["cascade_dropped"] and not t["cascaded"]):
+            text += " (the warning on stderr says why)"
+        rows.append((f"tier {t['spec']}", text))
+    return rows
 
 
 def _yes(flag: bool) -> str:

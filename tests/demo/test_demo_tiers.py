@@ -14,10 +14,11 @@ from jax_kvoffload.demo import (
     DemoConfigError,
     DemoModelConfig,
     ScenarioConfig,
+    format_summary,
     run_scenario,
     tier_entry,
 )
-from tests.tiers._helpers import REDIS_SERVER, RedisServer
+from tests.tiers._helpers import REDIS_SERVER, RedisServer, free_port
 
 from .test_demo import SMALL, SMALL_FLAGS
 
@@ -54,6 +55,24 @@ def test_one_process_with_a_disk_tier_cascades_a_and_still_passes(tmp_path):
     assert s["check"]["passed"] and s["prefix_hit_blocks"] == 4
     (tier,) = s["tiers"]
     assert tier["medium"] == "disk" and tier["cascaded"] >= 2  # A's 2 chunks (and warm-up's)
+    # The text summary names the tier and what reached it.
+    row = next(ln for ln in format_summary(s).splitlines() if "tier disk:" in ln)
+    assert f"{tier['cascaded']} chunks cascaded" in row and "0 failed" in row, row
+
+
+def test_a_tier_that_refuses_every_store_is_visible_in_the_summary(tmp_path):
+    """Nothing listens on the port: the tier fails open (the check still passes), and the
+    summary says so instead of looking like a success."""
+    cfg = ScenarioConfig(
+        model=DemoModelConfig(**SMALL), block_size=8, prompt_blocks=4, suffix_tokens=12,
+        decode_tokens=2, tiers=(f"redis://127.0.0.1:{free_port()}",),
+    )  # fmt: skip
+    s = run_scenario(cfg)
+    assert s["check"]["passed"]
+    (tier,) = s["tiers"]
+    assert tier["cascaded"] == 0 and tier["cascade_failed"] > 0
+    row = next(ln for ln in format_summary(s).splitlines() if "tier redis://" in ln)
+    assert "0 chunks cascaded" in row and "the warning on stderr says why" in row, row
 
 
 def test_two_processes_serve_the_prefix_from_each_tier(tmp_path, capsys, redis_url):
