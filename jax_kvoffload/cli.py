@@ -42,6 +42,8 @@ def _bench(args: argparse.Namespace) -> int:
     import runpy
 
     # The benchmark scripts live in the source checkout (benchmarks/), beside the package.
+    if args.name is None:
+        args.parser.error(f"name a benchmark: one of {', '.join(BENCHMARKS)}")
     root = pathlib.Path(__file__).resolve().parents[1] / "benchmarks"
     script = root / f"{args.name}.py"
     if not script.is_file():
@@ -205,9 +207,11 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"run a benchmark script ({', '.join(BENCHMARKS)}); extra arguments pass "
         "through, e.g. `jax-kvoffload bench offload --quick`",
     )
-    bench.add_argument("name", choices=BENCHMARKS)
+    # `name` is checked in _bench: argparse would report a missing name as "required:
+    # name, args", as if the script's (optional) arguments were required too.
+    bench.add_argument("name", nargs="?", choices=BENCHMARKS)
     bench.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
-    bench.set_defaults(func=_bench)
+    bench.set_defaults(func=_bench, parser=bench)
     _add_demo(commands)
     return parser
 

@@ -250,6 +250,16 @@ def test_bench_rejects_unknown_names(capsys):
     assert exc.value.code == 2
 
 
+def test_bench_without_a_name_lists_the_benchmarks(capsys):
+    """A missing name is the only error (not "required: name, args": the script's
+    arguments are optional)."""
+    with pytest.raises(SystemExit) as exc:
+        main(["bench"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2
+    assert "name a benchmark: one of kernels" in err and "args" not in err.splitlines()[-1]
+
+
 def test_bench_offers_every_benchmark_script():
     """`jax-kvoffload bench NAME` lists each timing script of benchmarks/ (not the shared
     report helpers, not the deviceless-compile tool)."""
