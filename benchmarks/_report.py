@@ -238,7 +238,8 @@ def banner(name: str, info: Mapping[str, Any], note: str = "") -> str:
     if "jax" in info:
         parts.append(f"jax {info['jax']} on {info['device']}")
     lines = [f"# {name} benchmark: " + ", ".join(parts)]
-    lines += ["# " + line for line in textwrap.wrap(note, 96)]
+    for paragraph in note.split("\n"):  # a paragraph starts on its own `#` line
+        lines += ["# " + line for line in textwrap.wrap(paragraph, 96)]
     return "\n".join(lines)
 
 

@@ -49,6 +49,8 @@ REFUSED = [
     ("manager", ["--chunks", "0"], "--chunks: must be an integer >= 1, got 0"),
     ("manager", ["--zipf", "nan"], "--zipf: must be a finite number > 0, got nan"),
     ("manager", ["--quick", "--full"], "not allowed with argument --quick"),
+    ("tiers", ["--chunks", "0"], "--chunks: must be an integer >= 1, got 0"),
+    ("tiers", ["--no-redis", "--clients"], "--clients: belongs to the Redis part"),
 ]
 
 
@@ -68,6 +70,7 @@ ACCEPTED = [
     ("mesh", ["--quick", "--devices", "1", "2", "--json", "--quiet"]),
     ("kernels", ["--quick", "--backends", "xla", "--max-gib", "0.5", "--out", "/tmp/x"]),
     ("manager", ["--quick", "--requests", "300", "--policies", "arc", "--json", "--quiet"]),
+    ("tiers", ["--quick", "--no-disk", "--clients", "--json", "--quiet"]),
 ]
 
 
@@ -78,9 +81,20 @@ def test_sensible_arguments_parse(name, argv):
 
 
 def test_every_benchmark_script_of_ours_is_covered():
-    ours = {"offload", "canonical", "mesh", "kernels", "pools", "manager"}
+    """(tests/tiers/test_tiers_benchmark_args.py covers tiers in depth.)"""
+    ours = {"offload", "canonical", "mesh", "kernels", "pools", "manager", "tiers"}
     assert ours <= {p.stem for p in BENCHMARKS.glob("*.py")}
     assert {n for n, *_ in REFUSED} == ours
+
+
+def test_every_benchmark_offers_json_quiet_and_out():
+    """Each `jax-kvoffload bench NAME` script accepts the shared output flags (tiers had
+    no --json, no --quiet)."""
+    from jax_kvoffload.cli import BENCHMARKS as NAMES
+
+    for name in NAMES:
+        args = load(name).parse_args(["--json", "--quiet", "--out", "/tmp/x"])
+        assert (args.json, args.quiet, str(args.out)) == (True, True, "/tmp/x"), name
 
 
 # -- the shared output (benchmarks/_report.py), without running a benchmark -------------
