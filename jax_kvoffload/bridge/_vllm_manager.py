@@ -32,7 +32,7 @@ from jax_kvoffload.store import (
     LRUPolicy,
     add_policy_resolver,
 )
-from jax_kvoffload.store._context import register_plain_context
+from jax_kvoffload.store.internals import register_plain_context
 
 __all__ = ["build_manager_class", "install_vllm_types"]
 

@@ -1,0 +1,114 @@
+"""The import rules of docs/architecture.md and STYLE, checked on the source.
+
+- No package imports another package's private `_modules` (each package exports what
+  others use, semi-public parts from its `internals` module).
+- `pallas_kernels` is standalone: it imports nothing of `jax_kvoffload`.
+- One-way layers: config at the bottom; errors and stats above it; store, tiers and
+  transfer above those and independent of each other; the offloader, assembly, bridge,
+  demo and CLI on top. A lower package never imports a higher one.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# package -> the jax_kvoffload packages (and pallas_kernels) it may import.
+LOWER = {
+    "config": set(),
+    "errors": {"config"},
+    "stats": {"config", "errors"},
+    "store": {"config", "errors"},
+    "tiers": {"config", "errors"},
+    "transfer": {"config", "errors", "pallas_kernels"},
+}
+
+
+def _package_of(path: Path) -> str:
+    parts = path.parts
+    rel = parts[len(parts) - parts[::-1].index("jax_kvoffload") :]
+    return rel[0] if len(rel) > 1 else rel[0].removesuffix(".py")
+
+
+def _imports(path: Path) -> list[tuple[int, str]]:
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            out.append((node.lineno, node.module))
+            out += [(node.lineno, f"{node.module}.{a.name}") for a in node.names]
+        elif isinstance(node, ast.Import):
+            out += [(node.lineno, a.name) for a in node.names]
+    return out
+
+
+def _violations(paths, rule) -> list[str]:
+    found = {}
+    for path in paths:
+        for line, module in _imports(path):
+            reason = rule(path, module)
+            if reason:  # one report per import statement
+                found.setdefault((str(path), line), f"{path}:{line}: {module}: {reason}")
+    return sorted(found.values())
+
+
+def private_import(path: Path, module: str) -> str | None:
+    parts = module.split(".")
+    if parts[0] != "jax_kvoffload" or len(parts) < 3 or not parts[2].startswith("_"):
+        return None
+    if parts[1] == _package_of(path):
+        return None
+    return f"reaches into {parts[1]}'s private module {parts[2]}"
+
+
+def layer_breach(path: Path, module: str) -> str | None:
+    pkg = _package_of(path)
+    if pkg not in LOWER:
+        return None
+    parts = module.split(".")
+    if parts[0] == "pallas_kernels":
+        target = "pallas_kernels"
+    elif parts[0] == "jax_kvoffload" and len(parts) > 1:
+        target = parts[1]
+    else:
+        return None
+    if target == pkg or target in LOWER[pkg]:
+        return None
+    return f"{pkg} may import only {sorted(LOWER[pkg]) or 'nothing of ours'}"
+
+
+def standalone_breach(path: Path, module: str) -> str | None:
+    return "pallas_kernels imports jax_kvoffload" if module.startswith("jax_kvoffload") else None
+
+
+LIBRARY = sorted((ROOT / "jax_kvoffload").rglob("*.py"))
+
+
+@pytest.mark.parametrize(
+    ("paths", "rule"),
+    [
+        (LIBRARY, private_import),
+        (LIBRARY, layer_breach),
+        (sorted((ROOT / "pallas_kernels").rglob("*.py")), standalone_breach),
+    ],
+    ids=["no-private-imports", "one-way-layers", "pallas-kernels-standalone"],
+)
+def test_import_rules(paths, rule):
+    assert paths
+    assert _violations(paths, rule) == []
+
+
+def test_the_rules_see_a_breach(tmp_path):
+    """The checks can fail: a planted store module importing the bridge and a tier's
+    private module breaks the layers twice and the privacy once."""
+    pkg = tmp_path / "jax_kvoffload" / "store"
+    pkg.mkdir(parents=True)
+    bad = pkg / "_bad.py"
+    bad.write_text(
+        "from jax_kvoffload.bridge import vllm\nfrom jax_kvoffload.tiers._disk import DiskTier\n"
+    )
+    assert len(_violations([bad], layer_breach)) == 2
+    assert len(_violations([bad], private_import)) == 1
