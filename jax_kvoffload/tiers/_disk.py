@@ -44,12 +44,13 @@ from jax_kvoffload.tiers._disk_fs import (
     open_private_root,
     probe_direct_io,
     read_all,
+    stored_length,
     tmp_name,
     write_all,
     write_description,
 )
 from jax_kvoffload.tiers._disk_index import DiskIndex, scan_root, sweep_tmp
-from jax_kvoffload.tiers._disk_sync import Syncer
+from jax_kvoffload.tiers._disk_sync import Syncer, then, unlink_quietly
 from jax_kvoffload.tiers._entry import check_header, encode_header
 from jax_kvoffload.tiers._errors import (
     DirectIOUnavailableError,
@@ -64,6 +65,7 @@ __all__ = ["DiskTier"]
 logger = logging.getLogger(__name__)
 
 _O_DIRECT = getattr(os, "O_DIRECT", 0)
+_FULL = (errno.ENOSPC, errno.EDQUOT)  # the filesystem (or this user's quota) is full
 
 
 class DiskTier(SecondaryTier):
@@ -211,7 +213,7 @@ class DiskTier(SecondaryTier):
         def run(stage: StagingBuffer):
             done = self._store_one(stage, key, payload)
             if isinstance(done, cf.Future):  # the syncer reports it
-                return _then(done, lambda r: ([r[0]], r[1]))
+                return then(done, lambda r: ([r[0]], r[1]))
             return [done[0]], done[1]
 
         return run
@@ -248,16 +250,25 @@ class DiskTier(SecondaryTier):
         tmp = tmp_name(name)
         begun = time.monotonic()
         try:
-            size = self._write_tmp(stage, shard, tmp, key, payload)
+            try:
+                size = self._write_tmp(stage, shard, tmp, key, payload)
+            except OSError as e:
+                # The filesystem filled up before the budget did: without room made
+                # here every later store would fail for good (the budget never asks
+                # for an eviction), and the tier would keep only its oldest entries.
+                if e.errno not in _FULL or not self._make_room(total, f"{self._ns_name}/{rel}"):
+                    raise
+                unlink_quietly(self._ns_fd, f"{shard}/{tmp}")
+                size = self._write_tmp(stage, shard, tmp, key, payload)  # once more
             if self._syncer is None:
                 os.rename(f"{shard}/{tmp}", rel, src_dir_fd=self._ns_fd, dst_dir_fd=self._ns_fd)
         except OSError as e:
-            _unlink_quietly(self._ns_fd, f"{shard}/{tmp}")
+            unlink_quietly(self._ns_fd, f"{shard}/{tmp}")
             self._io_error("store", e)
             return False, 0
         if self._syncer is None:
             return self._stored(rel, n, size)
-        return _then(
+        return then(
             self._syncer.submit(shard, tmp, name, begun),
             lambda err: self._stored(rel, n, size) if err is None else self._failed(err),
         )
@@ -354,7 +365,7 @@ class DiskTier(SecondaryTier):
             if not total <= st.st_size <= -(-total // ALIGN) * ALIGN:
                 # Not this payload's size: a bad file, or a whole entry of another length
                 # (the caller's buffer is wrong): only the header can tell them apart.
-                other = self._stored_length(fd, stage, key, st.st_size)
+                other = stored_length(fd, stage, self._namespace, key, st.st_size)
                 if other is not None:
                     return other
                 self._reject(rel, st, f"size {st.st_size} for a payload of {n}")
@@ -372,7 +383,7 @@ class DiskTier(SecondaryTier):
                 return False
             hdr = check_header(head, namespace=self._namespace, key=key)
             if not isinstance(hdr, str) and hdr.payload_len != n:
-                other = self._stored_length(fd, stage, key, st.st_size)
+                other = stored_length(fd, stage, self._namespace, key, st.st_size)
                 if other is not None:  # a whole entry a byte or so longer or shorter
                     return other
                 hdr = f"payload length {hdr.payload_len} != expected {n}"
@@ -394,19 +405,6 @@ class DiskTier(SecondaryTier):
             return False
         finally:
             os.close(fd)
-
-    def _stored_length(self, fd: int, stage: StagingBuffer, key: bytes, size: int) -> int | None:
-        """The payload length of the entry open at `fd` if its header is whole, checks
-        out for this key and namespace and agrees with the file's size; else None."""
-        head = stage.view(ALIGN)
-        if size < ALIGN or read_all(fd, [head], ALIGN) < ALIGN:
-            return None
-        hdr = check_header(head, namespace=self._namespace, key=key)
-        if isinstance(hdr, str):
-            return None
-        plen = hdr.payload_len
-        fits = ALIGN + plen <= size <= -(-(ALIGN + plen) // ALIGN) * ALIGN
-        return plen if fits and hdr.header_len == ALIGN else None
 
     def _reject(self, rel: str, st: os.stat_result | None, reason: str) -> None:
         """Counts a bad entry and removes it (only if the file is still the one read)."""
@@ -431,8 +429,31 @@ class DiskTier(SecondaryTier):
 
     # ---- budget, scan, errors ------------------------------------------------------------
 
+    def _make_room(self, total: int, keep: str) -> bool:
+        """Evicts the least recently used entries worth an entry of `total` bytes (and a
+        page of slack); False if this tier knows none to evict."""
+        used = self._index.used_bytes
+        victims = self._index.oldest(-(-total // ALIGN) * ALIGN + ALIGN, keep)
+        if not victims:
+            return False
+        log_once(
+            logger,
+            "disk-full",
+            "disk tier at %s: the filesystem is full with %d bytes of entries indexed, "
+            "below capacity_bytes=%d: the least recently used entries make room for new "
+            "ones (lower capacity_bytes below the free space to avoid the failed writes)",
+            self.config.path,
+            used,
+            self._index.capacity_bytes,
+        )
+        self._remove(victims)
+        return True
+
     def _evict(self, keep: str | None = None) -> None:
-        for rel, size in self._index.over_budget(keep):
+        self._remove(self._index.over_budget(keep))
+
+    def _remove(self, victims: list[tuple[str, int]]) -> None:
+        for rel, size in victims:
             try:
                 os.unlink(rel, dir_fd=self._root_fd)
             except FileNotFoundError:
@@ -447,7 +468,7 @@ class DiskTier(SecondaryTier):
         try:
             deadline = time.monotonic() + self.config.rescan_timeout_s
             entries, finished = scan_root(
-                self._root_fd, deadline, _unlink_quietly, self._scan_stop, undecided
+                self._root_fd, deadline, unlink_quietly, self._scan_stop, undecided
             )
             self._index.merge_scanned(entries)
             if not finished and not self._scan_stop.is_set():
@@ -466,7 +487,7 @@ class DiskTier(SecondaryTier):
         try:
             # Temporary files whose writer may live: gone if untouched a while later.
             if undecided and not self._scan_stop.wait(_disk_index.TMP_GRACE_S):
-                sweep_tmp(self._root_fd, undecided, _unlink_quietly)
+                sweep_tmp(self._root_fd, undecided, unlink_quietly)
         except Exception:
             logger.exception("disk tier at %s: sweep of temporary files failed", self.config.path)
         finally:
@@ -483,23 +504,3 @@ class DiskTier(SecondaryTier):
             op,
             e,
         )
-
-
-def _then(future: cf.Future, fn) -> cf.Future:
-    """A future of `fn(future.result())`; it always completes (with fn's exception if
-    fn raises), so a job waiting on it never hangs."""
-    out: cf.Future = cf.Future()
-
-    def done(f: cf.Future) -> None:
-        try:
-            out.set_result(fn(f.result()))
-        except BaseException as e:
-            out.set_exception(e)
-
-    future.add_done_callback(done)
-    return out
-
-
-def _unlink_quietly(dir_fd: int, name: str) -> None:
-    with contextlib.suppress(OSError):
-        os.unlink(name, dir_fd=dir_fd)

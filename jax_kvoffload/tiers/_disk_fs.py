@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from jax_kvoffload.tiers._entry import check_header
 from jax_kvoffload.tiers._errors import TierStateError, UnsafeDirectoryError
 
 logger = logging.getLogger("jax_kvoffload.tiers._disk")  # the tier's own logger, as before
@@ -41,6 +42,7 @@ __all__ = [
     "process_token",
     "read_all",
     "shard_name",
+    "stored_length",
     "tmp_name",
     "write_all",
     "write_description",
@@ -281,6 +283,20 @@ def write_all(fd: int, bufs: list[Any], total: int) -> None:
 def read_all(fd: int, bufs: list[memoryview], total: int) -> int:
     # A regular file reads whole up to its end; fewer bytes mean the file is shorter.
     return os.preadv(fd, bufs, 0)
+
+
+def stored_length(fd: int, stage: StagingBuffer, namespace: bytes, key: bytes, size: int):
+    """The payload length of the entry open at `fd` (`size` bytes) if its header is
+    whole, names this key and namespace, and agrees with the file's size; else None."""
+    head = stage.view(ALIGN)
+    if size < ALIGN or read_all(fd, [head], ALIGN) < ALIGN:
+        return None
+    hdr = check_header(head, namespace=namespace, key=key)
+    if isinstance(hdr, str):
+        return None
+    plen = hdr.payload_len
+    fits = ALIGN + plen <= size <= -(-(ALIGN + plen) // ALIGN) * ALIGN
+    return plen if fits and hdr.header_len == ALIGN else None
 
 
 def write_description(ns_fd: int, describe: Any) -> None:

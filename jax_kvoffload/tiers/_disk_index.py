@@ -108,6 +108,24 @@ class DiskIndex:
             self._publish()
         return victims
 
+    def oldest(self, nbytes: int, keep: str | None = None) -> list[tuple[str, int]]:
+        """Pops least recently used entries worth at least `nbytes` (never `keep`),
+        whatever the budget: room for a store the filesystem refused (it is full)."""
+        victims: list[tuple[str, int]] = []
+        freed = 0
+        with self._lock:
+            for rel in list(self._lru):
+                if freed >= nbytes:
+                    break
+                if rel == keep:
+                    continue
+                size = self._lru.pop(rel)
+                self._used -= size
+                freed += size
+                victims.append((rel, size))
+            self._publish()
+        return victims
+
     @property
     def used_bytes(self) -> int:
         return self._used
