@@ -213,7 +213,7 @@ def probe_direct_io(dir_fd: int) -> bool:
     """Whether the filesystem of `dir_fd` accepts an O_DIRECT write and read of 4 KiB."""
     if not _O_DIRECT:
         return False
-    name = f".direct-probe.{os.getpid()}.{os.urandom(4).hex()}"
+    name = tmp_name("direct-probe")  # a crash leaves it to the next start's scan
     buf = StagingBuffer(ALIGN)
     view = buf.view(ALIGN)
     view[:] = os.urandom(ALIGN)

@@ -7,7 +7,8 @@ least recently used entry of the previous run is evicted first in this one. The 
 bounded by `rescan_timeout_s`; entries it did not reach are still served (lookups ask
 the filesystem, not the index) and join the index when read.
 
-It also removes temporary files that a crashed writer left behind: those of a process
+It also removes temporary files that a crashed writer left behind (in the shards, and in
+the namespace directories: the direct-I/O probe and `namespace.json`): those of a process
 that no longer exists on this host, or older than an hour, at once; those whose writer
 cannot be told dead (its pid is alive: reused, or this very process after a container
 restart; the token in the name tells this process's own files apart) once they are
@@ -38,6 +39,8 @@ _SHARD = re.compile(r"^[0-9a-f]{2}$")
 _ENTRY = re.compile(r"^[0-9a-f]{40}\.kv$")  # entry_name(): BLAKE2b-160 in hex
 # `.<name>.<pid>[-<token>].<thread>.<n>.tmp` (names before the token: no token).
 _TMP = re.compile(r"^\..+\.(\d+)(?:-([0-9a-f]{8}))?\.\d+\.\d+\.tmp$")
+# The direct-I/O probe's name before it was a `tmp_name` (namespace directories only).
+_OLD_PROBE = re.compile(r"^\.direct-probe\.(\d+)()\.[0-9a-f]{8}$")
 STALE_TMP_S = 3600.0
 TMP_GRACE_S = 300.0
 
@@ -145,8 +148,9 @@ def scan_root(
 
     Returns the entries and whether the scan finished. Only names of our layout are
     visited (`<16 hex>/<2 hex>/<name>.kv`), never through a link; stale temporary
-    files are passed to `remove(dir_fd, name)`, those of writers that may be alive
-    (not this process's) appended to `undecided` for `sweep_tmp`. Subdirectories of a
+    files (in the shards and the namespace directories) are passed to
+    `remove(dir_fd, name)`, those of writers that may be alive (not this process's)
+    appended to `undecided` for `sweep_tmp`. Subdirectories of a
     shard (the leaves of the pre-release two-level layout, `<ns>/<aa>/<bb>/`) are neither read nor
     counted. Time: one `scandir` per shard and one `stat` per file (0.2 s for 50,000
     entries with a warm cache on the 2-core dev VM; more when inodes must be read from
@@ -158,6 +162,8 @@ def scan_root(
     now = time.time()
     for ns, ns_fd in _subdirs(root_fd, _NS_DIR):
         try:
+            # Its own temporary files (the direct-I/O probe, namespace.json) first.
+            _scan_leaf(ns_fd, ns, out, me, euid, now, remove, undecided, entries=False)
             for shard, shard_fd in _subdirs(ns_fd, _SHARD):
                 try:
                     if time.monotonic() > deadline or (stop and stop.is_set()):
@@ -186,7 +192,7 @@ def _subdirs(dir_fd: int, pattern: re.Pattern[str]):
         yield name, fd
 
 
-def _scan_leaf(fd, rel_dir, out, me, euid, now, remove, undecided) -> None:
+def _scan_leaf(fd, rel_dir, out, me, euid, now, remove, undecided, entries=True) -> None:
     try:
         with os.scandir(fd) as it:
             names = [e.name for e in it]
@@ -199,14 +205,14 @@ def _scan_leaf(fd, rel_dir, out, me, euid, now, remove, undecided) -> None:
             continue
         if not stat.S_ISREG(st.st_mode) or st.st_uid != euid:
             continue
-        if name.endswith(ENTRY_SUFFIX):
+        if entries and name.endswith(ENTRY_SUFFIX):
             # Only names an entry can have, in its own shard: another file (an operator's
             # copy, a sparse terabyte) is neither counted in the budget nor removed.
             if _ENTRY.match(name) and name[:2] == rel_dir[-2:]:
                 out.append((st.st_mtime, f"{rel_dir}/{name}", st.st_size))
             continue
-        m = _TMP.match(name)
-        if not m or (int(m.group(1)), m.group(2)) == (me, process_token()):
+        m = _TMP.match(name) or (None if entries else _OLD_PROBE.match(name))
+        if not m or (int(m.group(1)), m.group(2) or None) == (me, process_token()):
             continue  # not a temporary file, or one this process is writing now
         if _stale_tmp(int(m.group(1)), me, now - st.st_mtime):
             remove(fd, name)
