@@ -98,7 +98,11 @@ def _resolve(host: str, port: int, timeout: float) -> list[tuple]:
             _lookups_running.release()
             done.set()
 
-    threading.Thread(target=lookup, name="redis-tier-resolve", daemon=True).start()
+    try:
+        threading.Thread(target=lookup, name="redis-tier-resolve", daemon=True).start()
+    except RuntimeError as e:  # out of threads: no lookup runs, its slot is free again
+        _lookups_running.release()
+        raise OSError(f"cannot look up {host!r}: {e}") from e
     if not done.wait(timeout):
         raise TimeoutError(f"name lookup of {host!r} took longer than {timeout:g} s")
     if isinstance(out[0], BaseException):

@@ -146,3 +146,31 @@ def test_a_server_killed_mid_pipeline_means_misses_never_a_hang_or_a_wrong_byte(
             tier.close()
     finally:
         server.stop()
+
+
+def test_a_lookup_thread_that_cannot_start_gives_its_slot_back(monkeypatch):
+    # A process out of threads (RuntimeError: can't start new thread) kept the slot of
+    # every lookup it could not start: after 8 such failures each lookup was refused as
+    # "8 still running" for the life of the process, with none running. And the
+    # RuntimeError left contains() (which must answer misses, never raise).
+    from jax_kvoffload.tiers import _resp
+
+    real_start = threading.Thread.start
+    exhausted = [True]
+
+    def start(self):
+        if exhausted[0] and self.name == "redis-tier-resolve":
+            raise RuntimeError("can't start new thread")
+        return real_start(self)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    for _ in range(_resp._MAX_STUCK_LOOKUPS + 1):
+        with pytest.raises(OSError, match="can't start"):
+            _resp._resolve("localhost", 6379, 2.0)
+    tier = RedisTier(RedisTierConfig(url="redis://localhost:1/0", retry_after_s=0.01), NS)
+    try:
+        assert tier.contains([key(1)]) == [False]  # a miss, not an exception
+    finally:
+        tier.close()
+    exhausted[0] = False
+    assert _resp._resolve("localhost", 6379, 2.0)  # threads again: the lookup runs
