@@ -171,7 +171,8 @@ class RespConnection:
                     sock.setsockopt(socket.SOL_SOCKET, opt, _SOCK_BUF)
             if ep.tls is not None:
                 sock = ep.tls.wrap_socket(sock, server_hostname=ep.server_name or ep.host)
-        except (OSError, ssl.SSLError) as e:
+        except (OSError, ssl.SSLError, UnicodeError) as e:  # UnicodeError: a name the
+            # resolver cannot encode (the config refuses those; an Endpoint built directly)
             raise RespConnectionError(f"cannot connect to {ep.describe()}: {e}") from e
         self._sock = sock
         self._start = self._end = 0
