@@ -31,7 +31,6 @@ from typing import Any
 
 from jax_kvoffload.config import DiskTierConfig
 from jax_kvoffload.errors import KVOffloadTypeError
-from jax_kvoffload.tiers import _disk_index
 from jax_kvoffload.tiers._base import Buffer, SecondaryTier, TierJobResult
 from jax_kvoffload.tiers._crc import crc32c, warn_if_slow
 from jax_kvoffload.tiers._disk_fs import (
@@ -49,13 +48,14 @@ from jax_kvoffload.tiers._disk_fs import (
     write_all,
     write_description,
 )
-from jax_kvoffload.tiers._disk_index import DiskIndex, scan_root, sweep_tmp
+from jax_kvoffload.tiers._disk_index import DiskIndex, startup_scan
 from jax_kvoffload.tiers._disk_sync import Syncer, then, unlink_quietly
 from jax_kvoffload.tiers._entry import check_header, encode_header
 from jax_kvoffload.tiers._errors import (
     DirectIOUnavailableError,
     TierStateError,
     buffer_size_error,
+    thread_error,
 )
 from jax_kvoffload.tiers._jobs import JobRunner
 from jax_kvoffload.tiers._payload import check_items, check_keys, log_once
@@ -128,22 +128,34 @@ class DiskTier(SecondaryTier):
             write_description(self._ns_fd, describe)
         self._index = DiskIndex(config.capacity_bytes, self._counters)
         self._shard_lock = threading.Lock()
-        if config.fsync:
-            self._syncer = Syncer(self._ns_fd, f"disk-tier-{self._ns_name[:6]}-sync")
-        self._runner = JobRunner(
-            f"disk-tier-{self._ns_name[:6]}",
-            config.read_threads,
-            config.write_threads,
-            config.max_pending_store_bytes,
-            self._counters,
-            make_state=lambda kind: StagingBuffer(),
-            close_state=lambda buf: buf.close(),
-        )
         self._scan_done = threading.Event()  # the start-up scan ended
         self._scan_exited = threading.Event()  # and the delayed sweep after it
         self._scan_stop = threading.Event()
-        self._scanner = threading.Thread(target=self._rescan, name="disk-tier-rescan", daemon=True)
-        self._scanner.start()
+        self._runner: JobRunner | None = None
+        self._scanner: threading.Thread | None = None
+        try:  # threads: one that cannot start stops those before it (out of threads)
+            if config.fsync:
+                self._syncer = Syncer(self._ns_fd, f"disk-tier-{self._ns_name[:6]}-sync")
+            self._runner = JobRunner(
+                f"disk-tier-{self._ns_name[:6]}",
+                config.read_threads,
+                config.write_threads,
+                config.max_pending_store_bytes,
+                self._counters,
+                make_state=lambda kind: StagingBuffer(),
+                close_state=lambda buf: buf.close(),
+            )
+            self._scanner = threading.Thread(
+                target=self._rescan, name="disk-tier-rescan", daemon=True
+            )
+            try:
+                self._scanner.start()
+            except RuntimeError as e:
+                raise thread_error(self._scanner.name, e) from None
+        except BaseException:
+            self._scan_exited.set()  # no scanner runs
+            self._close_io()
+            raise
         logger.info(
             "disk tier at %s: namespace %s, budget %d bytes, %s I/O",
             config.path,
@@ -194,11 +206,13 @@ class DiskTier(SecondaryTier):
 
     def _close_io(self) -> None:
         self._scan_stop.set()  # close() does not wait for a long start-up scan
-        self._runner.close()
+        if self._runner is not None:  # None: the constructor failed before it
+            self._runner.close()
         if self._syncer is not None:
             self._syncer.close()  # the stores the runner's threads handed it complete
         self._scan_exited.wait()  # not join() alone: see JobRunner.close
-        self._scanner.join()
+        if self._scanner is not None and self._scanner.ident is not None:
+            self._scanner.join()
         self._close_fds()
 
     def _close_fds(self) -> None:
@@ -464,34 +478,15 @@ class DiskTier(SecondaryTier):
             self._counters.add(evictions=1, bytes_evicted=size)
 
     def _rescan(self) -> None:
-        undecided: list = []
-        try:
-            deadline = time.monotonic() + self.config.rescan_timeout_s
-            entries, finished = scan_root(
-                self._root_fd, deadline, unlink_quietly, self._scan_stop, undecided
-            )
-            self._index.merge_scanned(entries)
-            if not finished and not self._scan_stop.is_set():
-                logger.warning(
-                    "disk tier at %s: the start-up scan stopped after %.1f s with %d entries "
-                    "indexed; other entries are still served and join the index when read",
-                    self.config.path,
-                    self.config.rescan_timeout_s,
-                    len(entries),
-                )
-            self._evict()
-        except Exception:
-            logger.exception("disk tier at %s: start-up scan failed", self.config.path)
-        finally:
-            self._scan_done.set()
-        try:
-            # Temporary files whose writer may live: gone if untouched a while later.
-            if undecided and not self._scan_stop.wait(_disk_index.TMP_GRACE_S):
-                sweep_tmp(self._root_fd, undecided, unlink_quietly)
-        except Exception:
-            logger.exception("disk tier at %s: sweep of temporary files failed", self.config.path)
-        finally:
-            self._scan_exited.set()
+        startup_scan(
+            self._root_fd,
+            self.config,
+            self._index,
+            self._evict,
+            stop=self._scan_stop,
+            done=self._scan_done,
+            exited=self._scan_exited,
+        )
 
     def _io_error(self, op: str, e: OSError) -> None:
         self._counters.add(errors=1, store_failures=int(op == "store"))

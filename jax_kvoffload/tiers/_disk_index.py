@@ -18,6 +18,7 @@ write and one sync batch.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -30,7 +31,7 @@ from collections.abc import Callable
 from jax_kvoffload.tiers._base import Counters
 from jax_kvoffload.tiers._disk_fs import ENTRY_SUFFIX, process_token
 
-__all__ = ["TMP_GRACE_S", "DiskIndex", "scan_root", "sweep_tmp"]
+__all__ = ["TMP_GRACE_S", "DiskIndex", "scan_root", "startup_scan", "sweep_tmp"]
 
 logger = logging.getLogger(__name__)
 
@@ -135,6 +136,46 @@ class DiskIndex:
 
     def __len__(self) -> int:
         return len(self._lru)
+
+
+def startup_scan(root_fd, config, index, evict, *, stop, done, exited) -> None:
+    """The disk tier's start-up scan (its own thread): indexes the entries under the
+    root within `config.rescan_timeout_s`, evicts past the budget, sets `done`; then
+    removes the undecided temporary files still unchanged `TMP_GRACE_S` later (unless
+    `stop` is set first) and sets `exited`."""
+    undecided: list[TmpCandidate] = []
+    unlink = _unlink_quietly
+    logger = logging.getLogger("jax_kvoffload.tiers._disk")  # the tier's, as before
+    try:
+        deadline = time.monotonic() + config.rescan_timeout_s
+        entries, finished = scan_root(root_fd, deadline, unlink, stop, undecided)
+        index.merge_scanned(entries)
+        if not finished and not stop.is_set():
+            logger.warning(
+                "disk tier at %s: the start-up scan stopped after %.1f s with %d entries "
+                "indexed; other entries are still served and join the index when read",
+                config.path,
+                config.rescan_timeout_s,
+                len(entries),
+            )
+        evict()
+    except Exception:
+        logger.exception("disk tier at %s: start-up scan failed", config.path)
+    finally:
+        done.set()
+    try:
+        # Temporary files whose writer may live: gone if untouched a while later.
+        if undecided and not stop.wait(TMP_GRACE_S):
+            sweep_tmp(root_fd, undecided, unlink)
+    except Exception:
+        logger.exception("disk tier at %s: sweep of temporary files failed", config.path)
+    finally:
+        exited.set()
+
+
+def _unlink_quietly(dir_fd: int, name: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(name, dir_fd=dir_fd)
 
 
 def scan_root(

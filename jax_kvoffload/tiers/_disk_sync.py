@@ -47,6 +47,8 @@ import time
 from collections import deque
 from collections.abc import Callable
 
+from jax_kvoffload.tiers._errors import thread_error
+
 __all__ = ["SYNCFS", "Syncer", "then", "unlink_quietly"]
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -107,7 +109,10 @@ class Syncer:
         self._stop = False
         self._exited = threading.Event()  # see JobRunner.close: join alone is not enough
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
+        try:
+            self._thread.start()
+        except RuntimeError as e:  # out of threads
+            raise thread_error(name, e) from None
 
     def submit(
         self, shard: str, tmp: str, final: str, begun: float | None = None

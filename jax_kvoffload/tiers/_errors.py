@@ -46,3 +46,12 @@ def buffer_size_error(index: int, got: int, stored: int, where: str) -> TierBuff
         f"buffer of {stored} bytes, or check that engines sharing this tier use the same "
         "geometry (their namespaces should then differ)"
     )
+
+
+def thread_error(name: str, error: RuntimeError) -> TierStateError:
+    """A tier's thread `name` could not start (`error`: the process is out of threads)."""
+    return TierStateError(
+        f"cannot start the tier's thread {name!r}: {error}; the process is out of "
+        "threads (a container's pids limit, ulimit -u): raise the limit, or give the "
+        "tier fewer read/write threads"
+    )
