@@ -354,7 +354,8 @@ class DiskTier(SecondaryTier):
 
     def _load_one(self, stage: StagingBuffer, key: bytes, out: memoryview) -> bool | int:
         """Loads one entry into `out`: True (a verified hit), False (a miss), or the
-        payload length of a whole, checked entry that `out` does not fit (kept)."""
+        payload length of an entry whose header checks out that `out` does not fit
+        (kept)."""
         shard, name = entry_name(self._namespace, key)
         rel = f"{shard}/{name}"
         n = len(out)
