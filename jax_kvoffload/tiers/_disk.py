@@ -43,6 +43,7 @@ from jax_kvoffload.tiers._disk_fs import (
     open_private_root,
     probe_direct_io,
     read_all,
+    removed_dir,
     stored_length,
     tmp_name,
     write_all,
@@ -66,6 +67,15 @@ logger = logging.getLogger(__name__)
 
 _O_DIRECT = getattr(os, "O_DIRECT", 0)
 _FULL = (errno.ENOSPC, errno.EDQUOT)  # the filesystem (or this user's quota) is full
+_FULL_MSG = (
+    "disk tier at %s: the filesystem is full with %d bytes of entries indexed, below "
+    "capacity_bytes=%d: the least recently used entries make room for new ones (lower "
+    "capacity_bytes below the free space to avoid the failed writes)"
+)
+_REMOVED = (
+    "disk tier: its directory %s was removed while the tier runs; stores fail and loads "
+    "miss (counted in stats().errors) until the tier is reopened (restart the engine)"
+)
 
 
 class DiskTier(SecondaryTier):
@@ -451,16 +461,7 @@ class DiskTier(SecondaryTier):
         victims = self._index.oldest(-(-total // ALIGN) * ALIGN + ALIGN, keep)
         if not victims:
             return False
-        log_once(
-            logger,
-            "disk-full",
-            "disk tier at %s: the filesystem is full with %d bytes of entries indexed, "
-            "below capacity_bytes=%d: the least recently used entries make room for new "
-            "ones (lower capacity_bytes below the free space to avoid the failed writes)",
-            self.config.path,
-            used,
-            self._index.capacity_bytes,
-        )
+        log_once(logger, "disk-full", _FULL_MSG, self.config.path, used, self._index.capacity_bytes)
         self._remove(victims)
         return True
 
@@ -491,6 +492,10 @@ class DiskTier(SecondaryTier):
 
     def _io_error(self, op: str, e: OSError) -> None:
         self._counters.add(errors=1, store_failures=int(op == "store"))
+        if e.errno == errno.ENOENT and removed_dir(self._ns_fd):  # an operator's rm -rf
+            where = f"{self.config.path}/{self._ns_name}"
+            log_once(logger, f"disk-removed-{where}", _REMOVED, where)
+            return
         log_once(
             logger,
             f"disk-{op}-{e.errno}",

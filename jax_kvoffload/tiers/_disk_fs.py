@@ -41,6 +41,7 @@ __all__ = [
     "probe_direct_io",
     "process_token",
     "read_all",
+    "removed_dir",
     "shard_name",
     "stored_length",
     "tmp_name",
@@ -283,6 +284,14 @@ def write_all(fd: int, bufs: list[Any], total: int) -> None:
 def read_all(fd: int, bufs: list[memoryview], total: int) -> int:
     # A regular file reads whole up to its end; fewer bytes mean the file is shorter.
     return os.preadv(fd, bufs, 0)
+
+
+def removed_dir(dir_fd: int) -> bool:
+    """Whether the directory open at `dir_fd` was removed (no name links to it now)."""
+    try:
+        return os.fstat(dir_fd).st_nlink == 0
+    except OSError:
+        return False
 
 
 def stored_length(fd: int, stage: StagingBuffer, namespace: bytes, key: bytes, size: int):
