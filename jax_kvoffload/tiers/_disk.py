@@ -226,10 +226,13 @@ class DiskTier(SecondaryTier):
         self._close_fds()
 
     def _close_fds(self) -> None:
-        for fd in (self._ns_fd, self._root_fd):
+        # Each forgotten before it is closed: after an interrupted close (Ctrl-C) the
+        # next never closes a number again (another file of the process may hold it).
+        for name in ("_ns_fd", "_root_fd"):
+            fd = getattr(self, name)
+            setattr(self, name, -1)
             if fd >= 0:
                 os.close(fd)
-        self._ns_fd = self._root_fd = -1
 
     # ---- store ---------------------------------------------------------------------------
 
