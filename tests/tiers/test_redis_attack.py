@@ -174,3 +174,44 @@ def test_a_lookup_thread_that_cannot_start_gives_its_slot_back(monkeypatch):
         tier.close()
     exhausted[0] = False
     assert _resp._resolve("localhost", 6379, 2.0)  # threads again: the lookup runs
+
+
+@pytest.mark.parametrize("unix", [False, True])
+def test_a_connect_that_fails_after_the_socket_exists_closes_it(tmp_path, unix):
+    # A unix socket path that is not listening: the socket stayed open for as long as
+    # the error was kept (its traceback holds the frame): a log handler or an error
+    # reporter keeping errors leaked a descriptor per attempt, one per retry_after_s
+    # for as long as the outage lasted. (A refused TLS handshake: ssl closes its own.)
+    import os
+    import ssl
+
+    from jax_kvoffload.tiers._resp import Endpoint, RespConnection, RespConnectionError
+
+    listener = socket.socket(socket.AF_UNIX if unix else socket.AF_INET)
+    where = str(tmp_path / "s.sock") if unix else ("127.0.0.1", 0)
+    listener.bind(where)
+    if not unix:
+        listener.listen(4)
+
+        def hang_up():
+            for _ in range(4):
+                try:
+                    conn, _ = listener.accept()
+                except OSError:
+                    return
+                conn.close()
+
+        threading.Thread(target=hang_up, daemon=True).start()
+    tls = None if unix else ssl.create_default_context()
+    host, port = (None, 6379) if unix else listener.getsockname()
+    ep = Endpoint(host, port, where if unix else None, 0, None, None, tls, None, 2.0, 2.0)
+    before = len(os.listdir("/proc/self/fd"))
+    kept = []
+    try:
+        for _ in range(3):
+            with pytest.raises(RespConnectionError) as info:
+                RespConnection(ep).connect()
+            kept.append(info.value)  # as a handler that keeps errors would
+        assert len(os.listdir("/proc/self/fd")) == before, "sockets left open"
+    finally:
+        listener.close()
