@@ -472,14 +472,15 @@ def prefix_chunks(present: Sequence[bool], window: int | None) -> int:
 def _job_result(future: Future) -> TierJobResult:
     """A tier job's result; a buffer of the wrong length (another geometry's entry under
     a key of ours) is logged once and its keys are misses, the others as they ended."""
+    global _size_warned
     try:
         return future.result()
     except TierBufferSizeError as e:
         # Debug after the first: it recurs for every such key and says nothing new.
         level = logging.DEBUG if _size_warned else logging.WARNING
-        _size_warned.append(True)
+        _size_warned = True  # a flag, not a list of every occurrence (it grew forever)
         logger.log(level, "secondary tier: %s; such keys are misses", e)
         return e.result
 
 
-_size_warned: list[bool] = []
+_size_warned = False

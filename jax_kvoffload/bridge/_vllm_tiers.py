@@ -109,6 +109,7 @@ def build_tier_classes() -> dict[str, type]:
                         tier_type,
                     )
             self._jobs: dict[int, tuple[Any, bool]] = {}
+            self._size_warned = False
             self._lookup = _Lookup(self._tier, tier_type)
 
         def _row(self, chunk_id: int) -> memoryview:
@@ -148,7 +149,10 @@ def build_tier_classes() -> dict[str, type]:
                 try:
                     r = future.result()
                 except TierBufferSizeError as e:  # another geometry's entry: misses, kept
-                    logger.warning("%s: %s; such keys are misses", self.tier_type, e)
+                    # Once per tier at WARNING: it recurs every step while the entry stays.
+                    level = logging.DEBUG if self._size_warned else logging.WARNING
+                    self._size_warned = True
+                    logger.log(level, "%s: %s; such keys are misses", self.tier_type, e)
                     r = e.result
                 ok_keys = r.ok_keys
                 if is_load and r.failed_keys:

@@ -6,6 +6,7 @@ Every mistake is a `TierConfigError` naming where, the key, the value and the fi
 
 from __future__ import annotations
 
+import ipaddress
 import numbers
 import re
 import urllib.parse
@@ -22,6 +23,7 @@ __all__ = [
     "TierConfigError",
     "check_bool",
     "check_common",
+    "check_host",
     "check_int",
     "check_opt_str",
     "check_path",
@@ -171,6 +173,8 @@ def parse_redis_url(where: str, key: str, url: Any) -> dict[str, Any]:
             raise TierConfigError(where, key, url, "needs a socket path: unix:///path/redis.sock")
     elif not hostname:
         raise TierConfigError(where, key, redacted(url), "needs a host: redis://HOST:PORT")
+    else:
+        check_host(where, key, hostname, shown=redacted(url))
     return {
         "scheme": scheme,
         "host": hostname,
@@ -180,6 +184,28 @@ def parse_redis_url(where: str, key: str, url: Any) -> dict[str, Any]:
         "username": urllib.parse.unquote(parts.username) if parts.username else None,
         "password": urllib.parse.unquote(parts.password) if parts.password else None,
     }
+
+
+def check_host(where: str, key: str, host: str, *, shown: Any = ABSENT) -> None:
+    """Refuses a host name no resolver takes: the C resolver (through Python's IDNA
+    codec) raises `UnicodeError` for it at every connect, not a connection error."""
+    try:
+        ipaddress.ip_address(host)
+        return
+    except ValueError:
+        pass
+    try:
+        ok = 0 < len(host.rstrip(".").encode("idna")) <= 253
+    except UnicodeError:
+        ok = False
+    if not ok:
+        raise TierConfigError(
+            where,
+            key,
+            host if shown is ABSENT else shown,
+            f"host name {host!r:.80} is no name a resolver takes (dot-separated labels of "
+            "1-63 characters, 253 in all); fix the host",
+        )
 
 
 def redacted(url: str) -> str:

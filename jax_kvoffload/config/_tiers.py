@@ -29,6 +29,7 @@ from jax_kvoffload.config._tier_values import (
     TierConfigError,
     check_bool,
     check_common,
+    check_host,
     check_int,
     check_opt_str,
     check_path,
@@ -209,6 +210,8 @@ class RedisTierConfig(_TierOptions):
         for key in ("password_env", "tls_ca_file", "tls_cert_file", "tls_key_file"):
             check_opt_str(w, key, getattr(self, key))
         check_opt_str(w, "tls_server_name", self.tls_server_name)
+        if self.tls_server_name is not None:
+            check_host(w, "tls_server_name", self.tls_server_name)
         check_bool(w, "tls_verify", self.tls_verify)
         tls_set = [
             f.name

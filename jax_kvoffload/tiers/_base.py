@@ -133,9 +133,9 @@ class SecondaryTier(ABC):
       inside jobs never raise to the caller: they are misses / failed keys, logged once
       per kind and counted. Only a caller's error found inside a load job raises, from
       its future once every key finished: an `out` buffer whose length is not that of
-      the whole, checked entry its key holds (`TierBufferSizeError`, the job's result
-      in `.result`; the entry is kept). Each job's future completes exactly once, also on `close()`
-      (queued jobs then fail).
+      the entry its key holds, as the entry's header says (`TierBufferSizeError`, the
+      job's result in `.result`; the entry is kept). Each job's future completes exactly
+      once, also on `close()` (queued jobs then fail).
     - **Bounded.** No call waits without bound: I/O has timeouts (network) or is a local
       syscall; `drain(timeout)` and `close()` wait only for running I/O.
     """

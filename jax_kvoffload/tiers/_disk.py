@@ -31,7 +31,6 @@ from typing import Any
 
 from jax_kvoffload.config import DiskTierConfig
 from jax_kvoffload.errors import KVOffloadTypeError
-from jax_kvoffload.tiers import _disk_index
 from jax_kvoffload.tiers._base import Buffer, SecondaryTier, TierJobResult
 from jax_kvoffload.tiers._crc import crc32c, warn_if_slow
 from jax_kvoffload.tiers._disk_fs import (
@@ -44,17 +43,20 @@ from jax_kvoffload.tiers._disk_fs import (
     open_private_root,
     probe_direct_io,
     read_all,
+    removed_dir,
+    stored_length,
     tmp_name,
     write_all,
     write_description,
 )
-from jax_kvoffload.tiers._disk_index import DiskIndex, scan_root, sweep_tmp
-from jax_kvoffload.tiers._disk_sync import Syncer
+from jax_kvoffload.tiers._disk_index import DiskIndex, startup_scan
+from jax_kvoffload.tiers._disk_sync import Syncer, then, unlink_quietly
 from jax_kvoffload.tiers._entry import check_header, encode_header
 from jax_kvoffload.tiers._errors import (
     DirectIOUnavailableError,
     TierStateError,
     buffer_size_error,
+    thread_error,
 )
 from jax_kvoffload.tiers._jobs import JobRunner
 from jax_kvoffload.tiers._payload import check_items, check_keys, log_once
@@ -64,6 +66,16 @@ __all__ = ["DiskTier"]
 logger = logging.getLogger(__name__)
 
 _O_DIRECT = getattr(os, "O_DIRECT", 0)
+_FULL = (errno.ENOSPC, errno.EDQUOT)  # the filesystem (or this user's quota) is full
+_FULL_MSG = (
+    "disk tier at %s: the filesystem is full with %d bytes of entries indexed, below "
+    "capacity_bytes=%d: the least recently used entries make room for new ones (lower "
+    "capacity_bytes below the free space to avoid the failed writes)"
+)
+_REMOVED = (
+    "disk tier: its directory %s was removed while the tier runs; stores fail and loads "
+    "miss (counted in stats().errors) until the tier is reopened (restart the engine)"
+)
 
 
 class DiskTier(SecondaryTier):
@@ -126,22 +138,34 @@ class DiskTier(SecondaryTier):
             write_description(self._ns_fd, describe)
         self._index = DiskIndex(config.capacity_bytes, self._counters)
         self._shard_lock = threading.Lock()
-        if config.fsync:
-            self._syncer = Syncer(self._ns_fd, f"disk-tier-{self._ns_name[:6]}-sync")
-        self._runner = JobRunner(
-            f"disk-tier-{self._ns_name[:6]}",
-            config.read_threads,
-            config.write_threads,
-            config.max_pending_store_bytes,
-            self._counters,
-            make_state=lambda kind: StagingBuffer(),
-            close_state=lambda buf: buf.close(),
-        )
         self._scan_done = threading.Event()  # the start-up scan ended
         self._scan_exited = threading.Event()  # and the delayed sweep after it
         self._scan_stop = threading.Event()
-        self._scanner = threading.Thread(target=self._rescan, name="disk-tier-rescan", daemon=True)
-        self._scanner.start()
+        self._runner: JobRunner | None = None
+        self._scanner: threading.Thread | None = None
+        try:  # threads: one that cannot start stops those before it (out of threads)
+            if config.fsync:
+                self._syncer = Syncer(self._ns_fd, f"disk-tier-{self._ns_name[:6]}-sync")
+            self._runner = JobRunner(
+                f"disk-tier-{self._ns_name[:6]}",
+                config.read_threads,
+                config.write_threads,
+                config.max_pending_store_bytes,
+                self._counters,
+                make_state=lambda kind: StagingBuffer(),
+                close_state=lambda buf: buf.close(),
+            )
+            self._scanner = threading.Thread(
+                target=self._rescan, name="disk-tier-rescan", daemon=True
+            )
+            try:
+                self._scanner.start()
+            except RuntimeError as e:
+                raise thread_error(self._scanner.name, e) from None
+        except BaseException:
+            self._scan_exited.set()  # no scanner runs
+            self._close_io()
+            raise
         logger.info(
             "disk tier at %s: namespace %s, budget %d bytes, %s I/O",
             config.path,
@@ -192,18 +216,23 @@ class DiskTier(SecondaryTier):
 
     def _close_io(self) -> None:
         self._scan_stop.set()  # close() does not wait for a long start-up scan
-        self._runner.close()
+        if self._runner is not None:  # None: the constructor failed before it
+            self._runner.close()
         if self._syncer is not None:
             self._syncer.close()  # the stores the runner's threads handed it complete
         self._scan_exited.wait()  # not join() alone: see JobRunner.close
-        self._scanner.join()
+        if self._scanner is not None and self._scanner.ident is not None:
+            self._scanner.join()
         self._close_fds()
 
     def _close_fds(self) -> None:
-        for fd in (self._ns_fd, self._root_fd):
+        # Each forgotten before it is closed: after an interrupted close (Ctrl-C) the
+        # next never closes a number again (another file of the process may hold it).
+        for name in ("_ns_fd", "_root_fd"):
+            fd = getattr(self, name)
+            setattr(self, name, -1)
             if fd >= 0:
                 os.close(fd)
-        self._ns_fd = self._root_fd = -1
 
     # ---- store ---------------------------------------------------------------------------
 
@@ -211,7 +240,7 @@ class DiskTier(SecondaryTier):
         def run(stage: StagingBuffer):
             done = self._store_one(stage, key, payload)
             if isinstance(done, cf.Future):  # the syncer reports it
-                return _then(done, lambda r: ([r[0]], r[1]))
+                return then(done, lambda r: ([r[0]], r[1]))
             return [done[0]], done[1]
 
         return run
@@ -248,16 +277,25 @@ class DiskTier(SecondaryTier):
         tmp = tmp_name(name)
         begun = time.monotonic()
         try:
-            size = self._write_tmp(stage, shard, tmp, key, payload)
+            try:
+                size = self._write_tmp(stage, shard, tmp, key, payload)
+            except OSError as e:
+                # The filesystem filled up before the budget did: without room made
+                # here every later store would fail for good (the budget never asks
+                # for an eviction), and the tier would keep only its oldest entries.
+                if e.errno not in _FULL or not self._make_room(total, f"{self._ns_name}/{rel}"):
+                    raise
+                unlink_quietly(self._ns_fd, f"{shard}/{tmp}")
+                size = self._write_tmp(stage, shard, tmp, key, payload)  # once more
             if self._syncer is None:
                 os.rename(f"{shard}/{tmp}", rel, src_dir_fd=self._ns_fd, dst_dir_fd=self._ns_fd)
         except OSError as e:
-            _unlink_quietly(self._ns_fd, f"{shard}/{tmp}")
+            unlink_quietly(self._ns_fd, f"{shard}/{tmp}")
             self._io_error("store", e)
             return False, 0
         if self._syncer is None:
             return self._stored(rel, n, size)
-        return _then(
+        return then(
             self._syncer.submit(shard, tmp, name, begun),
             lambda err: self._stored(rel, n, size) if err is None else self._failed(err),
         )
@@ -329,7 +367,8 @@ class DiskTier(SecondaryTier):
 
     def _load_one(self, stage: StagingBuffer, key: bytes, out: memoryview) -> bool | int:
         """Loads one entry into `out`: True (a verified hit), False (a miss), or the
-        payload length of a whole, checked entry that `out` does not fit (kept)."""
+        payload length of an entry whose header checks out that `out` does not fit
+        (kept)."""
         shard, name = entry_name(self._namespace, key)
         rel = f"{shard}/{name}"
         n = len(out)
@@ -354,7 +393,7 @@ class DiskTier(SecondaryTier):
             if not total <= st.st_size <= -(-total // ALIGN) * ALIGN:
                 # Not this payload's size: a bad file, or a whole entry of another length
                 # (the caller's buffer is wrong): only the header can tell them apart.
-                other = self._stored_length(fd, stage, key, st.st_size)
+                other = stored_length(fd, stage, self._namespace, key, st.st_size)
                 if other is not None:
                     return other
                 self._reject(rel, st, f"size {st.st_size} for a payload of {n}")
@@ -372,7 +411,7 @@ class DiskTier(SecondaryTier):
                 return False
             hdr = check_header(head, namespace=self._namespace, key=key)
             if not isinstance(hdr, str) and hdr.payload_len != n:
-                other = self._stored_length(fd, stage, key, st.st_size)
+                other = stored_length(fd, stage, self._namespace, key, st.st_size)
                 if other is not None:  # a whole entry a byte or so longer or shorter
                     return other
                 hdr = f"payload length {hdr.payload_len} != expected {n}"
@@ -394,19 +433,6 @@ class DiskTier(SecondaryTier):
             return False
         finally:
             os.close(fd)
-
-    def _stored_length(self, fd: int, stage: StagingBuffer, key: bytes, size: int) -> int | None:
-        """The payload length of the entry open at `fd` if its header is whole, checks
-        out for this key and namespace and agrees with the file's size; else None."""
-        head = stage.view(ALIGN)
-        if size < ALIGN or read_all(fd, [head], ALIGN) < ALIGN:
-            return None
-        hdr = check_header(head, namespace=self._namespace, key=key)
-        if isinstance(hdr, str):
-            return None
-        plen = hdr.payload_len
-        fits = ALIGN + plen <= size <= -(-(ALIGN + plen) // ALIGN) * ALIGN
-        return plen if fits and hdr.header_len == ALIGN else None
 
     def _reject(self, rel: str, st: os.stat_result | None, reason: str) -> None:
         """Counts a bad entry and removes it (only if the file is still the one read)."""
@@ -431,8 +457,22 @@ class DiskTier(SecondaryTier):
 
     # ---- budget, scan, errors ------------------------------------------------------------
 
+    def _make_room(self, total: int, keep: str) -> bool:
+        """Evicts the least recently used entries worth an entry of `total` bytes (and a
+        page of slack); False if this tier knows none to evict."""
+        used = self._index.used_bytes
+        victims = self._index.oldest(-(-total // ALIGN) * ALIGN + ALIGN, keep)
+        if not victims:
+            return False
+        log_once(logger, "disk-full", _FULL_MSG, self.config.path, used, self._index.capacity_bytes)
+        self._remove(victims)
+        return True
+
     def _evict(self, keep: str | None = None) -> None:
-        for rel, size in self._index.over_budget(keep):
+        self._remove(self._index.over_budget(keep))
+
+    def _remove(self, victims: list[tuple[str, int]]) -> None:
+        for rel, size in victims:
             try:
                 os.unlink(rel, dir_fd=self._root_fd)
             except FileNotFoundError:
@@ -443,37 +483,22 @@ class DiskTier(SecondaryTier):
             self._counters.add(evictions=1, bytes_evicted=size)
 
     def _rescan(self) -> None:
-        undecided: list = []
-        try:
-            deadline = time.monotonic() + self.config.rescan_timeout_s
-            entries, finished = scan_root(
-                self._root_fd, deadline, _unlink_quietly, self._scan_stop, undecided
-            )
-            self._index.merge_scanned(entries)
-            if not finished and not self._scan_stop.is_set():
-                logger.warning(
-                    "disk tier at %s: the start-up scan stopped after %.1f s with %d entries "
-                    "indexed; other entries are still served and join the index when read",
-                    self.config.path,
-                    self.config.rescan_timeout_s,
-                    len(entries),
-                )
-            self._evict()
-        except Exception:
-            logger.exception("disk tier at %s: start-up scan failed", self.config.path)
-        finally:
-            self._scan_done.set()
-        try:
-            # Temporary files whose writer may live: gone if untouched a while later.
-            if undecided and not self._scan_stop.wait(_disk_index.TMP_GRACE_S):
-                sweep_tmp(self._root_fd, undecided, _unlink_quietly)
-        except Exception:
-            logger.exception("disk tier at %s: sweep of temporary files failed", self.config.path)
-        finally:
-            self._scan_exited.set()
+        startup_scan(
+            self._root_fd,
+            self.config,
+            self._index,
+            self._evict,
+            stop=self._scan_stop,
+            done=self._scan_done,
+            exited=self._scan_exited,
+        )
 
     def _io_error(self, op: str, e: OSError) -> None:
         self._counters.add(errors=1, store_failures=int(op == "store"))
+        if e.errno == errno.ENOENT and removed_dir(self._ns_fd):  # an operator's rm -rf
+            where = f"{self.config.path}/{self._ns_name}"
+            log_once(logger, f"disk-removed-{where}", _REMOVED, where)
+            return
         log_once(
             logger,
             f"disk-{op}-{e.errno}",
@@ -483,23 +508,3 @@ class DiskTier(SecondaryTier):
             op,
             e,
         )
-
-
-def _then(future: cf.Future, fn) -> cf.Future:
-    """A future of `fn(future.result())`; it always completes (with fn's exception if
-    fn raises), so a job waiting on it never hangs."""
-    out: cf.Future = cf.Future()
-
-    def done(f: cf.Future) -> None:
-        try:
-            out.set_result(fn(f.result()))
-        except BaseException as e:
-            out.set_exception(e)
-
-    future.add_done_callback(done)
-    return out
-
-
-def _unlink_quietly(dir_fd: int, name: str) -> None:
-    with contextlib.suppress(OSError):
-        os.unlink(name, dir_fd=dir_fd)

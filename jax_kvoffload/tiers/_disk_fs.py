@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from jax_kvoffload.tiers._entry import check_header
 from jax_kvoffload.tiers._errors import TierStateError, UnsafeDirectoryError
 
 logger = logging.getLogger("jax_kvoffload.tiers._disk")  # the tier's own logger, as before
@@ -40,7 +41,9 @@ __all__ = [
     "probe_direct_io",
     "process_token",
     "read_all",
+    "removed_dir",
     "shard_name",
+    "stored_length",
     "tmp_name",
     "write_all",
     "write_description",
@@ -211,7 +214,7 @@ def probe_direct_io(dir_fd: int) -> bool:
     """Whether the filesystem of `dir_fd` accepts an O_DIRECT write and read of 4 KiB."""
     if not _O_DIRECT:
         return False
-    name = f".direct-probe.{os.getpid()}.{os.urandom(4).hex()}"
+    name = tmp_name("direct-probe")  # a crash leaves it to the next start's scan
     buf = StagingBuffer(ALIGN)
     view = buf.view(ALIGN)
     view[:] = os.urandom(ALIGN)
@@ -281,6 +284,28 @@ def write_all(fd: int, bufs: list[Any], total: int) -> None:
 def read_all(fd: int, bufs: list[memoryview], total: int) -> int:
     # A regular file reads whole up to its end; fewer bytes mean the file is shorter.
     return os.preadv(fd, bufs, 0)
+
+
+def removed_dir(dir_fd: int) -> bool:
+    """Whether the directory open at `dir_fd` was removed (no name links to it now)."""
+    try:
+        return os.fstat(dir_fd).st_nlink == 0
+    except OSError:
+        return False
+
+
+def stored_length(fd: int, stage: StagingBuffer, namespace: bytes, key: bytes, size: int):
+    """The payload length of the entry open at `fd` (`size` bytes) if its header is
+    whole, names this key and namespace, and agrees with the file's size; else None."""
+    head = stage.view(ALIGN)
+    if size < ALIGN or read_all(fd, [head], ALIGN) < ALIGN:
+        return None
+    hdr = check_header(head, namespace=namespace, key=key)
+    if isinstance(hdr, str):
+        return None
+    plen = hdr.payload_len
+    fits = ALIGN + plen <= size <= -(-(ALIGN + plen) // ALIGN) * ALIGN
+    return plen if fits and hdr.header_len == ALIGN else None
 
 
 def write_description(ns_fd: int, describe: Any) -> None:

@@ -7,7 +7,8 @@ least recently used entry of the previous run is evicted first in this one. The 
 bounded by `rescan_timeout_s`; entries it did not reach are still served (lookups ask
 the filesystem, not the index) and join the index when read.
 
-It also removes temporary files that a crashed writer left behind: those of a process
+It also removes temporary files that a crashed writer left behind (in the shards, and in
+the namespace directories: the direct-I/O probe and `namespace.json`): those of a process
 that no longer exists on this host, or older than an hour, at once; those whose writer
 cannot be told dead (its pid is alive: reused, or this very process after a container
 restart; the token in the name tells this process's own files apart) once they are
@@ -17,6 +18,7 @@ write and one sync batch.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -29,7 +31,7 @@ from collections.abc import Callable
 from jax_kvoffload.tiers._base import Counters
 from jax_kvoffload.tiers._disk_fs import ENTRY_SUFFIX, process_token
 
-__all__ = ["TMP_GRACE_S", "DiskIndex", "scan_root", "sweep_tmp"]
+__all__ = ["TMP_GRACE_S", "DiskIndex", "scan_root", "startup_scan", "sweep_tmp"]
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +40,8 @@ _SHARD = re.compile(r"^[0-9a-f]{2}$")
 _ENTRY = re.compile(r"^[0-9a-f]{40}\.kv$")  # entry_name(): BLAKE2b-160 in hex
 # `.<name>.<pid>[-<token>].<thread>.<n>.tmp` (names before the token: no token).
 _TMP = re.compile(r"^\..+\.(\d+)(?:-([0-9a-f]{8}))?\.\d+\.\d+\.tmp$")
+# The direct-I/O probe's name before it was a `tmp_name` (namespace directories only).
+_OLD_PROBE = re.compile(r"^\.direct-probe\.(\d+)()\.[0-9a-f]{8}$")
 STALE_TMP_S = 3600.0
 TMP_GRACE_S = 300.0
 
@@ -108,12 +112,70 @@ class DiskIndex:
             self._publish()
         return victims
 
+    def oldest(self, nbytes: int, keep: str | None = None) -> list[tuple[str, int]]:
+        """Pops least recently used entries worth at least `nbytes` (never `keep`),
+        whatever the budget: room for a store the filesystem refused (it is full)."""
+        victims: list[tuple[str, int]] = []
+        freed = 0
+        with self._lock:
+            for rel in list(self._lru):
+                if freed >= nbytes:
+                    break
+                if rel == keep:
+                    continue
+                size = self._lru.pop(rel)
+                self._used -= size
+                freed += size
+                victims.append((rel, size))
+            self._publish()
+        return victims
+
     @property
     def used_bytes(self) -> int:
         return self._used
 
     def __len__(self) -> int:
         return len(self._lru)
+
+
+def startup_scan(root_fd, config, index, evict, *, stop, done, exited) -> None:
+    """The disk tier's start-up scan (its own thread): indexes the entries under the
+    root within `config.rescan_timeout_s`, evicts past the budget, sets `done`; then
+    removes the undecided temporary files still unchanged `TMP_GRACE_S` later (unless
+    `stop` is set first) and sets `exited`."""
+    undecided: list[TmpCandidate] = []
+    unlink = _unlink_quietly
+    logger = logging.getLogger("jax_kvoffload.tiers._disk")  # the tier's, as before
+    try:
+        deadline = time.monotonic() + config.rescan_timeout_s
+        entries, finished = scan_root(root_fd, deadline, unlink, stop, undecided)
+        index.merge_scanned(entries)
+        if not finished and not stop.is_set():
+            logger.warning(
+                "disk tier at %s: the start-up scan stopped after %.1f s with %d entries "
+                "indexed; other entries are still served and join the index when read",
+                config.path,
+                config.rescan_timeout_s,
+                len(entries),
+            )
+        evict()
+    except Exception:
+        logger.exception("disk tier at %s: start-up scan failed", config.path)
+    finally:
+        done.set()
+    try:
+        # Temporary files whose writer may live: gone if untouched a while later.
+        if undecided and not stop.wait(TMP_GRACE_S):
+            sweep_tmp(root_fd, undecided, unlink)
+    except Exception:
+        logger.exception("disk tier at %s: sweep of temporary files failed", config.path)
+    finally:
+        exited.set()
+
+
+def _unlink_quietly(dir_fd: int, name: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(name, dir_fd=dir_fd)
 
 
 def scan_root(
@@ -127,8 +189,9 @@ def scan_root(
 
     Returns the entries and whether the scan finished. Only names of our layout are
     visited (`<16 hex>/<2 hex>/<name>.kv`), never through a link; stale temporary
-    files are passed to `remove(dir_fd, name)`, those of writers that may be alive
-    (not this process's) appended to `undecided` for `sweep_tmp`. Subdirectories of a
+    files (in the shards and the namespace directories) are passed to
+    `remove(dir_fd, name)`, those of writers that may be alive (not this process's)
+    appended to `undecided` for `sweep_tmp`. Subdirectories of a
     shard (the leaves of the pre-release two-level layout, `<ns>/<aa>/<bb>/`) are neither read nor
     counted. Time: one `scandir` per shard and one `stat` per file (0.2 s for 50,000
     entries with a warm cache on the 2-core dev VM; more when inodes must be read from
@@ -140,6 +203,8 @@ def scan_root(
     now = time.time()
     for ns, ns_fd in _subdirs(root_fd, _NS_DIR):
         try:
+            # Its own temporary files (the direct-I/O probe, namespace.json) first.
+            _scan_leaf(ns_fd, ns, out, me, euid, now, remove, undecided, entries=False)
             for shard, shard_fd in _subdirs(ns_fd, _SHARD):
                 try:
                     if time.monotonic() > deadline or (stop and stop.is_set()):
@@ -168,7 +233,7 @@ def _subdirs(dir_fd: int, pattern: re.Pattern[str]):
         yield name, fd
 
 
-def _scan_leaf(fd, rel_dir, out, me, euid, now, remove, undecided) -> None:
+def _scan_leaf(fd, rel_dir, out, me, euid, now, remove, undecided, entries=True) -> None:
     try:
         with os.scandir(fd) as it:
             names = [e.name for e in it]
@@ -181,14 +246,14 @@ def _scan_leaf(fd, rel_dir, out, me, euid, now, remove, undecided) -> None:
             continue
         if not stat.S_ISREG(st.st_mode) or st.st_uid != euid:
             continue
-        if name.endswith(ENTRY_SUFFIX):
+        if entries and name.endswith(ENTRY_SUFFIX):
             # Only names an entry can have, in its own shard: another file (an operator's
             # copy, a sparse terabyte) is neither counted in the budget nor removed.
             if _ENTRY.match(name) and name[:2] == rel_dir[-2:]:
                 out.append((st.st_mtime, f"{rel_dir}/{name}", st.st_size))
             continue
-        m = _TMP.match(name)
-        if not m or (int(m.group(1)), m.group(2)) == (me, process_token()):
+        m = _TMP.match(name) or (None if entries else _OLD_PROBE.match(name))
+        if not m or (int(m.group(1)), m.group(2) or None) == (me, process_token()):
             continue  # not a temporary file, or one this process is writing now
         if _stale_tmp(int(m.group(1)), me, now - st.st_mtime):
             remove(fd, name)

@@ -47,7 +47,9 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-__all__ = ["SYNCFS", "Syncer"]
+from jax_kvoffload.tiers._errors import thread_error
+
+__all__ = ["SYNCFS", "Syncer", "then", "unlink_quietly"]
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 # A batch of one file is synced alone (fdatasync + directory fsync): syncfs would also
@@ -107,7 +109,10 @@ class Syncer:
         self._stop = False
         self._exited = threading.Event()  # see JobRunner.close: join alone is not enough
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
+        try:
+            self._thread.start()
+        except RuntimeError as e:  # out of threads
+            raise thread_error(name, e) from None
 
     def submit(
         self, shard: str, tmp: str, final: str, begun: float | None = None
@@ -121,7 +126,7 @@ class Syncer:
         with self._cond:
             if self._stop:
                 item.future.set_result(OSError("the disk tier is closing"))
-                _unlink_quietly(self._ns_fd, f"{shard}/{tmp}")
+                unlink_quietly(self._ns_fd, f"{shard}/{tmp}")
                 return item.future
             self._queue.append(item)
             self._cond.notify()
@@ -156,19 +161,19 @@ class Syncer:
             self._barrier_files(batch, whole, errors)
             for i, item in enumerate(batch):
                 if i in errors:
-                    _unlink_quietly(self._ns_fd, f"{item.shard}/{item.tmp}")
+                    unlink_quietly(self._ns_fd, f"{item.shard}/{item.tmp}")
                     continue
                 try:
                     src, dst = f"{item.shard}/{item.tmp}", f"{item.shard}/{item.final}"
                     os.rename(src, dst, src_dir_fd=self._ns_fd, dst_dir_fd=self._ns_fd)
                 except OSError as e:
                     errors[i] = e
-                    _unlink_quietly(self._ns_fd, f"{item.shard}/{item.tmp}")
+                    unlink_quietly(self._ns_fd, f"{item.shard}/{item.tmp}")
             self._barrier_names(batch, whole, errors)
         except BaseException as e:  # a bug: the job runner logs it with its traceback
             bug = e
             for item in batch:  # those not renamed yet: no temporary file left behind
-                _unlink_quietly(self._ns_fd, f"{item.shard}/{item.tmp}")
+                unlink_quietly(self._ns_fd, f"{item.shard}/{item.tmp}")
         finally:
             for i, item in enumerate(batch):
                 if item.future.done():
@@ -228,6 +233,21 @@ class Syncer:
                 errors.update({i: e for i in live if batch[i].shard == shard})
 
 
-def _unlink_quietly(dir_fd: int, name: str) -> None:
+def unlink_quietly(dir_fd: int, name: str) -> None:
     with contextlib.suppress(OSError):
         os.unlink(name, dir_fd=dir_fd)
+
+
+def then(future: cf.Future, fn) -> cf.Future:
+    """A future of `fn(future.result())`; it always completes (with fn's exception if
+    fn raises), so a job waiting on it never hangs."""
+    out: cf.Future = cf.Future()
+
+    def done(f: cf.Future) -> None:
+        try:
+            out.set_result(fn(f.result()))
+        except BaseException as e:
+            out.set_exception(e)
+
+    future.add_done_callback(done)
+    return out

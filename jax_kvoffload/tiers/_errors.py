@@ -30,7 +30,9 @@ class TierKeyError(KVOffloadValueError):
 class TierBufferSizeError(TierKeyError):
     """A load's `out` buffer is not the length of the payload its key holds: a caller's
     error (or an engine of another geometry sharing the namespace), not a bad entry.
-    The entry, whole and checked, is kept; the key is a miss. The job's future raises
+    The entry (its header names this key and namespace and agrees with its size; the
+    payload's CRC is checked when a buffer of its length reads it) is kept; the key is
+    a miss. The job's future raises
     it once every key of the job has finished; `result` is the job's `TierJobResult`
     (the other keys' outcomes)."""
 
@@ -42,7 +44,16 @@ def buffer_size_error(index: int, got: int, stored: int, where: str) -> TierBuff
     payload of `stored` bytes."""
     return TierBufferSizeError(
         f"items[{index}] buffer has {got} bytes, but the entry stored under its key in "
-        f"{where} holds a payload of {stored} bytes (whole and checked: kept); pass a "
+        f"{where} holds a payload of {stored} bytes (its header checks out: kept); pass a "
         f"buffer of {stored} bytes, or check that engines sharing this tier use the same "
         "geometry (their namespaces should then differ)"
+    )
+
+
+def thread_error(name: str, error: RuntimeError) -> TierStateError:
+    """A tier's thread `name` could not start (`error`: the process is out of threads)."""
+    return TierStateError(
+        f"cannot start the tier's thread {name!r}: {error}; the process is out of "
+        "threads (a container's pids limit, ulimit -u): raise the limit, or give the "
+        "tier fewer read/write threads"
     )

@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from jax_kvoffload.tiers._base import Counters, TierJobResult
-from jax_kvoffload.tiers._errors import TierBufferSizeError
+from jax_kvoffload.tiers._errors import TierBufferSizeError, thread_error
 
 __all__ = ["JobRunner", "Task"]
 
@@ -105,8 +105,19 @@ class JobRunner:
         # (it releases the thread's state lock), so a second join would return at once
         # while the thread still runs its last task.
         self._exited = {t.name: threading.Event() for t in self._threads}
-        for t in self._threads:
-            t.start()
+        started = []
+        try:
+            for t in self._threads:
+                t.start()
+                started.append(t)
+        except RuntimeError as e:  # out of threads: stop those that run, then say so
+            with self._cond:
+                self._stop = True
+                self._cond.notify_all()
+            for t in started:
+                self._exited[t.name].wait()
+                t.join()
+            raise thread_error(name, e) from None
 
     @property
     def pending_store_bytes(self) -> int:

@@ -98,7 +98,11 @@ def _resolve(host: str, port: int, timeout: float) -> list[tuple]:
             _lookups_running.release()
             done.set()
 
-    threading.Thread(target=lookup, name="redis-tier-resolve", daemon=True).start()
+    try:
+        threading.Thread(target=lookup, name="redis-tier-resolve", daemon=True).start()
+    except RuntimeError as e:  # out of threads: no lookup runs, its slot is free again
+        _lookups_running.release()
+        raise OSError(f"cannot look up {host!r}: {e}") from e
     if not done.wait(timeout):
         raise TimeoutError(f"name lookup of {host!r} took longer than {timeout:g} s")
     if isinstance(out[0], BaseException):
@@ -123,6 +127,9 @@ def _connect_tcp(host: str, port: int, timeout: float) -> socket.socket:
         except OSError as e:
             sock.close()
             error = e
+        except BaseException:  # Ctrl-C in connect(): not left to the garbage collector
+            sock.close()
+            raise
     raise error or TimeoutError(f"connecting to {host}:{port} took longer than {timeout:g} s")
 
 
@@ -154,6 +161,7 @@ class RespConnection:
     def connect(self) -> None:
         ep = self.endpoint
         self._deadline = time.monotonic() + ep.connect_timeout_s + ep.io_timeout_s
+        sock = None
         try:
             if ep.unix_path:
                 sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -167,7 +175,14 @@ class RespConnection:
                     sock.setsockopt(socket.SOL_SOCKET, opt, _SOCK_BUF)
             if ep.tls is not None:
                 sock = ep.tls.wrap_socket(sock, server_hostname=ep.server_name or ep.host)
-        except (OSError, ssl.SSLError) as e:
+        except BaseException as e:
+            # Closed now, not when the error is freed: its traceback holds this frame,
+            # and a log handler that keeps errors kept a socket per attempt.
+            if sock is not None:
+                sock.close()
+            if not isinstance(e, (OSError, ssl.SSLError, UnicodeError)):
+                raise  # UnicodeError: a name the resolver cannot encode (an Endpoint
+                # built directly: the config refuses those)
             raise RespConnectionError(f"cannot connect to {ep.describe()}: {e}") from e
         self._sock = sock
         self._start = self._end = 0

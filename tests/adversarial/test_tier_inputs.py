@@ -229,3 +229,30 @@ def test_crc32c_of_garbage_is_an_error_of_the_root(data, value):
 
     with pytest.raises(KVOffloadError):
         crc32c(data, value)
+
+
+@pytest.mark.parametrize(
+    "host", ["a" * 64 + ".example", "a..b", "é" * 70 + ".com", ".lead", "x" * 254]
+)
+def test_a_host_name_no_resolver_can_take_is_a_config_error(host):
+    # Before: accepted, then every contains() raised a raw UnicodeError ("encoding with
+    # 'idna' codec failed") into the engine, and every I/O task failed with it.
+    with pytest.raises(TierConfigError, match="host name") as info:
+        RedisTierConfig(url=f"redis://{host}:6379/0")
+    assert info.value.key == "url"
+    with pytest.raises(TierConfigError, match="host name"):
+        RedisTierConfig(url="rediss://127.0.0.1:6379/0", tls_server_name=host)
+
+
+@pytest.mark.parametrize("host", ["localhost", "bücher.example", "xn--zz.example", "[::1]",
+                                  "10.0.0.1", "a" * 63 + ".example"])  # fmt: skip
+def test_host_names_a_resolver_takes_are_accepted(host):
+    assert RedisTierConfig(url=f"redis://{host}:6379/0").endpoint["port"] == 6379
+
+
+def test_a_host_the_resolver_refuses_to_encode_is_a_failed_connect_not_an_exception():
+    from jax_kvoffload.tiers._resp import Endpoint, RespConnection, RespConnectionError
+
+    conn = RespConnection(Endpoint("a..b", 6379, None, 0, None, None, None, None, 0.5, 0.5))
+    with pytest.raises(RespConnectionError, match="cannot connect"):
+        conn.connect()

@@ -118,3 +118,32 @@ def test_a_task_raising_a_base_exception_fails_its_keys_only(tmp_path, monkeypat
         assert tier.submit_store([(K2, row)]).result(5).ok == (True,)  # the thread lives
     finally:
         tier.close()
+
+
+def test_a_close_interrupted_between_its_descriptors_never_closes_a_foreign_one(
+    tmp_path, monkeypatch
+):
+    # Ctrl-C after the namespace directory's descriptor was closed, before the root's:
+    # the next close() closed the namespace's number again, by then reused by another
+    # file of the process (here: one opened in between), which then failed its reads.
+    before = open_fds()
+    tier = DiskTier(DiskTierConfig(path=str(tmp_path / "t"), capacity_bytes=1 << 20), NS)
+    ns_fd, real_close = tier._ns_fd, os.close
+
+    def close(fd):
+        real_close(fd)
+        if fd == ns_fd:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "close", close)
+    with pytest.raises(KeyboardInterrupt):
+        tier.close()
+    monkeypatch.setattr(os, "close", real_close)
+    other = os.open(str(tmp_path), os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        assert other == ns_fd  # the lowest free number: the one just closed
+        tier.close()  # completes the first: the root's descriptor only
+        os.fstat(other)  # still open
+    finally:
+        os.close(other)
+    assert open_fds() <= before, "the root's descriptor was left open"

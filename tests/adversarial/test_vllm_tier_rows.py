@@ -70,3 +70,36 @@ def test_an_entry_of_another_row_size_is_a_miss_and_is_kept(tmp_path):
         assert ours.tier.stats().corrupt == 0
     finally:
         m.shutdown()
+
+
+def test_a_size_error_is_logged_once_per_tier_not_per_job(tmp_path, caplog):
+    # Before: every load job that met another geometry's entry logged a WARNING with
+    # the whole message: an engine sharing a namespace with one of another geometry
+    # flooded the log once per scheduler step. Now: the first at WARNING, then DEBUG.
+    import logging
+    import time
+
+    import numpy as np
+
+    tier = {"type": "JaxDiskTier", "module_path": BRIDGE, "path": str(tmp_path / "t"),
+            "capacity_bytes": "1GiB"}  # fmt: skip
+    spec = make_spec(tier, chunks=4)
+    m = spec.get_manager()
+    try:
+        ours = m.secondary_tiers[0]
+        key = make_offload_key(b"\x03" * 32, 0)
+        row_bytes = rows(spec, m).shape[1]
+        other = np.full(2 * row_bytes, 5, np.uint8)
+        assert ours.tier.submit_store([(bytes(key), other)]).result(30).all_ok
+        caplog.set_level(logging.DEBUG, logger="jax_kvoffload.bridge")
+        for job in range(10, 15):
+            ours.submit_load(types.SimpleNamespace(job_id=job, keys=[key], chunk_ids=[1]))
+            deadline, results = time.monotonic() + 30, []
+            while not results and time.monotonic() < deadline:
+                results = ours.get_finished_jobs()
+                time.sleep(0.005)
+            assert [(r.job_id, r.success) for r in results] == [(job, False)]
+        sized = [r for r in caplog.records if "buffer has" in r.getMessage()]
+        assert [r.levelno for r in sized] == [logging.WARNING] + [logging.DEBUG] * 4
+    finally:
+        m.shutdown()

@@ -111,6 +111,43 @@ def test_the_offloader_reads_a_size_error_as_misses():
     assert _job_result(future) is result
 
 
+def test_size_errors_read_by_the_offloader_cost_no_memory_and_one_warning(caplog):
+    # Before: every size error appended to a module-level list (to log only the first
+    # at WARNING): memory grew with every such load for the life of the process.
+    import logging
+    import tracemalloc
+
+    from jax_kvoffload import _offloader_tiers
+    from jax_kvoffload.tiers import TierJobResult
+
+    def failed() -> cf.Future:
+        err = TierBufferSizeError("items[0] buffer has 1 bytes ...")
+        err.result = TierJobResult("load", (b"a" * 8,), (False,))
+        future = cf.Future()
+        future.set_exception(err)
+        return future
+
+    _offloader_tiers._job_result(failed())  # the first may warn (or a test before did)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.take_snapshot()
+        for _ in range(40_000):
+            _offloader_tiers._job_result(failed())
+        after = tracemalloc.take_snapshot()
+    finally:
+        tracemalloc.stop()
+    where = [tracemalloc.Filter(True, _offloader_tiers.__file__)]
+    grown = sum(s.size_diff for s in after.filter_traces(where).compare_to(
+        before.filter_traces(where), "filename"))  # fmt: skip
+    assert grown < 64 * 1024, f"{grown} bytes kept by 40,000 size errors"
+    caplog.clear()
+    caplog.set_level(logging.DEBUG, logger=_offloader_tiers.__name__)
+    for _ in range(5):  # the later ones at DEBUG
+        _offloader_tiers._job_result(failed())
+    levels = [r.levelno for r in caplog.records if "buffer has" in r.getMessage()]
+    assert levels == [logging.DEBUG] * 5
+
+
 # ---- a failed syncfs may have reported another file's lost write-back -----------------
 
 
@@ -250,6 +287,38 @@ def test_temporary_files_of_an_earlier_process_with_this_pid_are_removed(tmp_pat
             time.sleep(0.05)
         time.sleep(0.1)
         assert sorted(tmp_files(path)) == sorted([names["mine"], names["live"]])
+    finally:
+        tier.close()
+
+
+def test_temporary_files_a_crash_left_in_the_namespace_directory_are_removed(tmp_path, monkeypatch):
+    # The start-up probe for direct I/O and namespace.json are written there under
+    # temporary names too; a SIGKILL between their creation and their removal or
+    # rename left them forever (the scan looked only inside the shards).
+    monkeypatch.setattr(_disk_index, "TMP_GRACE_S", 0.3)
+    path = str(tmp_path / "t")
+    open_disk(path).close()
+    ns_dir = os.path.join(path, NS[:8].hex())
+    dead, pid = 2**22 + 1, os.getpid()  # above Linux's largest pid: never alive
+    names = [
+        f".namespace.json.{dead}-0badc0de.7.1.tmp",
+        f".direct-probe.{dead}-0badc0de.7.2.tmp",
+        f".direct-probe.{dead}.0badc0de",  # the probe's name before it had a token
+        f".namespace.json.{pid}-0badc0de.7.3.tmp",  # an earlier process with this pid
+    ]
+    for name in names:
+        with open(os.path.join(ns_dir, name), "wb") as f:
+            f.write(b"\0" * 4096)
+    keep = ["not-ours.tmp"]
+    with open(os.path.join(ns_dir, keep[0]), "wb") as f:
+        f.write(b"x")
+    tier = open_disk(path)
+    try:
+        assert tier.wait_rescan(10)
+        deadline = time.monotonic() + 10
+        while sorted(os.listdir(ns_dir)) != sorted([*keep, *(f"{i:02x}" for i in range(256))]):
+            assert time.monotonic() < deadline, sorted(n for n in os.listdir(ns_dir) if "." in n)
+            time.sleep(0.05)
     finally:
         tier.close()
 

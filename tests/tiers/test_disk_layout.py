@@ -297,3 +297,26 @@ def test_a_bug_in_the_syncer_fails_its_batch_and_it_serves_the_next(tier_path, m
         assert store(tier, [2]).all_ok and loads(tier, [2]) == [True]
     finally:
         tier.close()
+
+
+@pytest.mark.parametrize("removed", ["root", "namespace"])
+def test_a_tier_directory_removed_under_the_tier_says_so(tier_path, caplog, removed):
+    # Before: "store failed: [Errno 2] No such file or directory: '00'" (a shard's name),
+    # nothing telling the operator that the directory is gone and the tier must be
+    # reopened. Stores fail and loads miss either way (counted, no exception).
+    import logging
+
+    tier = DiskTier(DiskTierConfig(path=tier_path, capacity_bytes=1 << 30), NS)
+    try:
+        assert tier.submit_store([(key(1), payload(key(1), 4096))]).result(30).all_ok
+        gone = tier_path if removed == "root" else os.path.join(tier_path, NS[:8].hex())
+        shutil.rmtree(gone)
+        caplog.set_level(logging.WARNING, logger="jax_kvoffload.tiers._disk")
+        r = tier.submit_store([(key(2), payload(key(2), 4096))]).result(30)
+        assert r.ok == (False,) and tier.stats().store_failures == 1
+        out = np.zeros(4096, np.uint8)
+        assert tier.submit_load([(key(1), out)]).result(30).ok == (False,)
+        text = caplog.text
+        assert "was removed while the tier runs" in text and "reopen" in text, text
+    finally:
+        tier.close()

@@ -146,3 +146,72 @@ def test_a_server_killed_mid_pipeline_means_misses_never_a_hang_or_a_wrong_byte(
             tier.close()
     finally:
         server.stop()
+
+
+def test_a_lookup_thread_that_cannot_start_gives_its_slot_back(monkeypatch):
+    # A process out of threads (RuntimeError: can't start new thread) kept the slot of
+    # every lookup it could not start: after 8 such failures each lookup was refused as
+    # "8 still running" for the life of the process, with none running. And the
+    # RuntimeError left contains() (which must answer misses, never raise).
+    from jax_kvoffload.tiers import _resp
+
+    real_start = threading.Thread.start
+    exhausted = [True]
+
+    def start(self):
+        if exhausted[0] and self.name == "redis-tier-resolve":
+            raise RuntimeError("can't start new thread")
+        return real_start(self)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    for _ in range(_resp._MAX_STUCK_LOOKUPS + 1):
+        with pytest.raises(OSError, match="can't start"):
+            _resp._resolve("localhost", 6379, 2.0)
+    tier = RedisTier(RedisTierConfig(url="redis://localhost:1/0", retry_after_s=0.01), NS)
+    try:
+        assert tier.contains([key(1)]) == [False]  # a miss, not an exception
+    finally:
+        tier.close()
+    exhausted[0] = False
+    assert _resp._resolve("localhost", 6379, 2.0)  # threads again: the lookup runs
+
+
+@pytest.mark.parametrize("unix", [False, True])
+def test_a_connect_that_fails_after_the_socket_exists_closes_it(tmp_path, unix):
+    # A unix socket path that is not listening: the socket stayed open for as long as
+    # the error was kept (its traceback holds the frame): a log handler or an error
+    # reporter keeping errors leaked a descriptor per attempt, one per retry_after_s
+    # for as long as the outage lasted. (A refused TLS handshake: ssl closes its own.)
+    import os
+    import ssl
+
+    from jax_kvoffload.tiers._resp import Endpoint, RespConnection, RespConnectionError
+
+    listener = socket.socket(socket.AF_UNIX if unix else socket.AF_INET)
+    where = str(tmp_path / "s.sock") if unix else ("127.0.0.1", 0)
+    listener.bind(where)
+    if not unix:
+        listener.listen(4)
+
+        def hang_up():
+            for _ in range(4):
+                try:
+                    conn, _ = listener.accept()
+                except OSError:
+                    return
+                conn.close()
+
+        threading.Thread(target=hang_up, daemon=True).start()
+    tls = None if unix else ssl.create_default_context()
+    host, port = (None, 6379) if unix else listener.getsockname()
+    ep = Endpoint(host, port, where if unix else None, 0, None, None, tls, None, 2.0, 2.0)
+    before = len(os.listdir("/proc/self/fd"))
+    kept = []
+    try:
+        for _ in range(3):
+            with pytest.raises(RespConnectionError) as info:
+                RespConnection(ep).connect()
+            kept.append(info.value)  # as a handler that keeps errors would
+        assert len(os.listdir("/proc/self/fd")) == before, "sockets left open"
+    finally:
+        listener.close()
