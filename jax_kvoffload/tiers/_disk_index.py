@@ -33,7 +33,8 @@ from jax_kvoffload.tiers._disk_fs import ENTRY_SUFFIX, process_token
 
 __all__ = ["TMP_GRACE_S", "DiskIndex", "scan_root", "startup_scan", "sweep_tmp"]
 
-logger = logging.getLogger(__name__)
+# The disk tier's own logger: what the scan reports belongs to the tier (docs/observability.md).
+logger = logging.getLogger("jax_kvoffload.tiers._disk")
 
 _NS_DIR = re.compile(r"^[0-9a-f]{16}$")
 _SHARD = re.compile(r"^[0-9a-f]{2}$")
@@ -145,7 +146,6 @@ def startup_scan(root_fd, config, index, evict, *, stop, done, exited) -> None:
     `stop` is set first) and sets `exited`."""
     undecided: list[TmpCandidate] = []
     unlink = _unlink_quietly
-    logger = logging.getLogger("jax_kvoffload.tiers._disk")  # the tier's, as before
     try:
         deadline = time.monotonic() + config.rescan_timeout_s
         entries, finished = scan_root(root_fd, deadline, unlink, stop, undecided)
