@@ -392,7 +392,7 @@ class TransferEngine:
             chunks,
             pieces if pieces is not None else [],
         )
-        future.add_done_callback(job.mark_ended)
+        future.add_done_callback(job.end.mark)  # no reference to the job: no cycle
         with deferred_interrupts():
             self._pending[job_id] = job
             try:
@@ -488,6 +488,8 @@ class TransferEngine:
         with deferred_interrupts():
             del self._pending[job.job_id]
             self._done[job.job_id] = result
+            # Free a load's staging (job-sized) now, even if a traceback holds the list.
+            job.pieces.clear()
 
     def _scatter(self, job: EngineJob) -> Exception | None:
         try:
