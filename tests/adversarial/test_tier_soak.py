@@ -126,6 +126,10 @@ class TierSoak(Soak):
         self.close()
 
 
+# What the seeds above exercised, together (checked by the test after them).
+COVERAGE: Counter = Counter()
+
+
 @pytest.mark.parametrize("seed", SEEDS)
 def test_tier_soak(monkeypatch, seed):
     started = time.perf_counter()
@@ -138,4 +142,14 @@ def test_tier_soak(monkeypatch, seed):
     stats = dict(sorted(soak.stats.items()))
     print(f"tier soak seed={seed} steps={STEPS} {time.perf_counter() - started:.1f}s {stats}")
     assert soak.corrupted_bytes == 0, f"seed {seed}: {soak.corrupted_bytes} corrupted bytes"
-    assert soak.stats["blocks verified"] > 0 and soak.stats["promoted"] > 0
+    COVERAGE.update(soak.stats)
+    assert soak.stats["blocks verified"] > 0, f"seed {seed}: no load verified a block"
+
+
+def test_the_soaks_promoted_from_the_tier():
+    """Over all seeds, lookups promoted from the tier. One seed alone may draw none (the
+    timing of asynchronous lookups decides: 1 run in ~20 of seed 1 on a loaded machine);
+    every seed drawing none means the soak no longer reaches the promotion path."""
+    if not COVERAGE:
+        pytest.skip("no soak ran in this session (this test was selected alone)")
+    assert COVERAGE["promoted"] > 0, dict(COVERAGE)
