@@ -148,7 +148,7 @@ def test_tier_soak(monkeypatch, seed):
 
 def test_the_soaks_promoted_from_the_tier():
     """Over all seeds, lookups promoted from the tier. One seed alone may draw none (the
-    timing of asynchronous lookups decides: 1 run in ~20 of seed 1 on a loaded machine);
+    timing of asynchronous lookups decides: seed 1 drew none once in ten runs here);
     every seed drawing none means the soak no longer reaches the promotion path."""
     if not COVERAGE:
         pytest.skip("no soak ran in this session (this test was selected alone)")
