@@ -282,7 +282,9 @@ def test_ended_jobs_are_freed_without_the_cyclic_collector():
     engine, _ = make_engine(layout, shape, jnp.uint16, max_bucket=2)
     transfer = GroupTransfer(0, (1, 2, 3, 4, 5), (0, 1, 2))  # 3 load pieces: 2 + 2 + 1
     gc.collect()
-    earlier = [o for o in gc.get_objects() if isinstance(o, EngineJob)]  # other engines'
+    # type(), not isinstance(): isinstance reads `__class__`, and some objects of other
+    # libraries (torch's deprecated `reduce_op`) warn when asked, which is an error here.
+    earlier = [o for o in gc.get_objects() if type(o) is EngineJob]  # other engines'
     was_enabled = gc.isenabled()
     gc.disable()
     try:
@@ -298,9 +300,7 @@ def test_ended_jobs_are_freed_without_the_cyclic_collector():
         # Counted once the worker threads have ended: a thread that has just completed a
         # job may still hold it in a local until it takes the next one (not a leak).
         alive = [
-            o
-            for o in gc.get_objects()
-            if isinstance(o, EngineJob) and not any(o is e for e in earlier)
+            o for o in gc.get_objects() if type(o) is EngineJob and not any(o is e for e in earlier)
         ]
     finally:
         if was_enabled:
