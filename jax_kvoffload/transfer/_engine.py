@@ -13,10 +13,13 @@ one direction is FIFO, like vLLM's handlers. Across directions, a job never touc
 host row that an earlier job of the other direction still reads or writes: it waits for
 that job first (after a reset, a new store may be handed the row an old load still
 reads). The life cycle, interrupts and the locking contract: docs/architecture.md.
+This module keeps the jobs, their order and their results; the copies themselves
+(gathers, row reads and writes, scatters, staging buffers) are in _copies.py.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -25,11 +28,10 @@ from concurrent.futures import wait as wait_futures
 from typing import Any
 
 import jax
-import numpy as np
 
 import pallas_kernels as pk
 from jax_kvoffload.errors import KVOffloadTypeError
-from jax_kvoffload.transfer._buckets import bucket_sizes, store_pieces
+from jax_kvoffload.transfer._buckets import bucket_sizes
 from jax_kvoffload.transfer._caches import (
     GroupCaches,
     check_arrays,
@@ -42,6 +44,7 @@ from jax_kvoffload.transfer._checks import (
     check_transfer,
     describe_error,
 )
+from jax_kvoffload.transfer._copies import LoadPieces, StagedCopies
 from jax_kvoffload.transfer._interrupts import SingleCaller, deferred_interrupts
 from jax_kvoffload.transfer._jobs import (
     DISCARDED,
@@ -55,8 +58,6 @@ from jax_kvoffload.transfer._jobs import (
     run_job,
 )
 from jax_kvoffload.transfer._pool_base import HostPool
-from jax_kvoffload.transfer._sharded_io import distinct_shards, fetch_sharded
-from jax_kvoffload.transfer._staging import HostBuffers, bucket_for, host_sharding, replicated
 
 __all__ = ["GroupCaches", "TransferEngine"]
 
@@ -128,16 +129,8 @@ class TransferEngine:
                     f"have {gc.block_bytes}; size the pool from the caches"
                 )
         self._pool = pool
-        self._kernel_kw = {"backend": backend, "interpret": interpret, "config": config}
-        self._bucket = {
-            g: bucket_for(gc.block_bytes, max_bucket, max_staging_bytes)
-            for g, gc in self._caches.items()
-        }
-        self._buffers = HostBuffers(limit=2 * max_staging_bytes)
-        self._on_cpu = {
-            g: next(iter(gc.arrays[0].devices())).platform == "cpu"
-            for g, gc in self._caches.items()
-        }
+        kernel_kw = {"backend": backend, "interpret": interpret, "config": config}
+        self._copies = StagedCopies(self._caches, pool, kernel_kw, max_bucket, max_staging_bytes)
         self._guard = SingleCaller("TransferEngine", TransferStateError)
         self._threads = {
             d: ThreadPoolExecutor(1, thread_name_prefix=f"kv-{d.value}") for d in Direction
@@ -178,11 +171,12 @@ class TransferEngine:
             size = sum(len(t.block_ids) * self._caches[t.group].block_bytes for t in checked)
             chunks = frozenset(c for t in checked for c in t.chunk_ids)
             try:
-                staged = self._gather(checked)
+                staged = self._copies.gather(checked)
             except Exception as exc:  # e.g. device memory exhausted: the job fails, reported
                 self._register_failed(job_id, Direction.STORE, exc, size)
                 return
-            self._register(job_id, Direction.STORE, lambda: self._write(staged), size, chunks)
+            write = functools.partial(self._copies.write, staged)
+            self._register(job_id, Direction.STORE, write, size, chunks)
 
     def submit_load(
         self,
@@ -199,27 +193,11 @@ class TransferEngine:
         by raising (e.g. a promotion that missed a key the job needs)."""
         with self._guard:
             checked = self._check(job_id, transfers, unique=True)
-            plan = []  # (group, ids, transfer, first slot, staging shape)
-            for t in checked:
-                gc = self._caches[t.group]
-                shape = (len(gc.arrays), *gc.layout.page_shape(tuple(gc.arrays[0].shape)))
-                for start, n in store_pieces(len(t.block_ids), self._bucket[t.group]):
-                    ids = t.block_ids[start : start + n].astype(np.int32)
-                    plan.append((t.group, ids, t, t.first_slot + start, (n, *shape)))
+            plan = self._copies.load_plan(checked)
             size = sum(len(t.block_ids) * self._caches[t.group].block_bytes for t in checked)
             chunks = frozenset(c for t in checked for c in t.chunk_ids)
-            pieces: list[tuple[int, np.ndarray, Any, list[np.ndarray]]] = []
-
-            def fetch() -> None:
-                for group, ids, t, first, shape in plan:
-                    staged, buffers = self._fetch(group, t, first, shape)
-                    if not self._on_cpu[group]:
-                        # A real H2D copy: the host buffers are free again.
-                        for b in buffers:
-                            self._buffers.give(b)
-                        buffers = []
-                    pieces.append((group, ids, staged, buffers))
-
+            pieces: LoadPieces = []
+            fetch = functools.partial(self._copies.fetch, plan, pieces)
             work = fetch
             if check is not None:
 
@@ -344,27 +322,6 @@ class TransferEngine:
     def _check_ids(self, job_ids: object) -> list[int]:
         return check_job_ids(job_ids, lambda i: i in self._pending or i in self._done)
 
-    def _gather(
-        self, transfers: list[CheckedTransfer]
-    ) -> list[tuple[int, CheckedTransfer, int, Any]]:
-        """Dispatches the gathers (and D2H copies) of a store, on the caller's thread."""
-        staged = []  # (group, transfer, first slot, host array)
-        for t in transfers:
-            gc = self._caches[t.group]
-            for start, n in self._store_pieces(t):
-                ids = t.block_ids[start : start + n].astype(np.int32)
-                staging = pk.gather_blocks(gc.arrays, ids, layout=gc.layout, **self._kernel_kw)
-                # On CPU the device array already is host memory: numpy reads it in
-                # place, and a device_put would only add a copy.
-                sharding = None if self._on_cpu[t.group] else host_sharding(staging)
-                host = staging if sharding is None else jax.device_put(staging, sharding)
-                staged.append((t.group, t, t.first_slot + start, host))
-        return staged
-
-    def _store_pieces(self, t: CheckedTransfer) -> list[tuple[int, int]]:
-        per_chunk = self._pool.blocks_per_chunk if self._pool.adopts_rows else None
-        return store_pieces(len(t.block_ids), self._bucket[t.group], t.first_slot, per_chunk)
-
     def _register(
         self,
         job_id: int,
@@ -414,43 +371,6 @@ class TransferEngine:
             job_id, direction, future, time.perf_counter(), size, frozenset()
         )
 
-    # -- internals: the worker side ---------------------------------------------------
-
-    def _write(self, staged: list[tuple[int, CheckedTransfer, int, Any]]) -> None:
-        for group, t, first, host in staged:
-            shards = distinct_shards(host) if self._pool.moves_shards else None
-            if shards is not None:
-                self._pool.move_shards(
-                    group, t.chunk_ids, first, host.shape, host.dtype, shards, store=True
-                )
-                continue
-            data = np.asarray(host)  # waits for the D2H copy
-            rows = data.reshape(data.shape[0], -1).view(np.uint8)
-            self._pool.write_blocks(group, t.chunk_ids, first, rows)
-
-    def _fetch(
-        self, group: int, t: CheckedTransfer, first: int, shape: tuple[int, ...]
-    ) -> tuple[jax.Array, list[np.ndarray]]:
-        """The staging of one load piece on the caches' devices, and its host buffers."""
-        gc = self._caches[group]
-        dtype = gc.arrays[0].dtype
-        # Sharded caches take their staging sharded like their page axes: each device
-        # receives only its shard, read from the rows straight into its own buffer.
-        sharding = pk.staging_sharding(gc.arrays, gc.layout)
-        if sharding is not None and self._pool.moves_shards:
-
-            def read(shards):
-                self._pool.move_shards(group, t.chunk_ids, first, shape, dtype, shards, store=False)
-
-            fetched = fetch_sharded(read, self._buffers.take, shape, dtype, sharding)
-            if fetched is not None:
-                return fetched
-        rows = self._buffers.take((shape[0], gc.block_bytes))
-        self._pool.read_blocks(group, t.chunk_ids, first, shape[0], rows)
-        host = rows.view(dtype).reshape(shape)
-        device = sharding or replicated(gc.arrays[0].sharding)
-        return jax.block_until_ready(jax.device_put(host, device)), [rows]
-
     # -- internals: completing (caller's thread) --------------------------------------
 
     def _complete(self, job: EngineJob) -> None:
@@ -468,7 +388,7 @@ class TransferEngine:
             error = job.future.exception()
         scatter_started = time.perf_counter()
         if error is None and job.direction is Direction.LOAD:
-            error = self._scatter(job)
+            error = self._copies.scatter(job)
         # The job's own time: its worker part, then a load's scatter; not the time it
         # waited for the caller to collect it (vLLM times the copies themselves).
         now = time.perf_counter()
@@ -490,25 +410,3 @@ class TransferEngine:
             self._done[job.job_id] = result
             # Free a load's staging (job-sized) now, even if a traceback holds the list.
             job.pieces.clear()
-
-    def _scatter(self, job: EngineJob) -> Exception | None:
-        try:
-            while job.applied < len(job.pieces):
-                group, ids, staging, buffers = job.pieces[job.applied]
-                gc = self._caches[group]
-                # The scatter donates the old arrays: its result must be kept whatever
-                # arrives in between, or the group's caches are gone.
-                with deferred_interrupts():
-                    gc.arrays = pk.scatter_blocks(
-                        gc.arrays, ids, staging, layout=gc.layout, **self._kernel_kw
-                    )
-                    job.applied += 1
-                if buffers:
-                    # On CPU the staging aliased the buffers (zero-copy device_put):
-                    # reuse them only once the scatter has read them.
-                    jax.block_until_ready(gc.arrays)
-                    for b in buffers:
-                        self._buffers.give(b)
-        except Exception as exc:  # reported as a failed job, never dropped
-            return exc
-        return None
