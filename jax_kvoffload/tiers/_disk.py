@@ -10,7 +10,8 @@ A reader finds no file or a whole one. A file that exists already is a successfu
 store. Every read checks the header and the payload CRC32C; a file that fails any check
 (torn by a crash, truncated, corrupted, another namespace or key) is a miss and is
 removed. With direct I/O (probed at start), page-aligned host rows are read and written
-in place; other buffers pass through a per-thread aligned staging buffer.
+in place; other buffers pass through a per-thread aligned staging buffer. The bytes of
+one entry file (write, read back, verify) are `_disk_entry.py`'s.
 
 Descriptors: the root and the namespace directory stay open (2 per tier); each I/O
 thread holds at most one entry file open at a time, and the syncer one directory.
@@ -33,25 +34,22 @@ from jax_kvoffload.config import DiskTierConfig
 from jax_kvoffload.errors import KVOffloadTypeError
 from jax_kvoffload.tiers._base import Buffer, SecondaryTier, TierJobResult
 from jax_kvoffload.tiers._crc import crc32c, warn_if_slow
+from jax_kvoffload.tiers._disk_entry import read_entry, write_entry
 from jax_kvoffload.tiers._disk_fs import (
     ALIGN,
     StagingBuffer,
     entry_name,
-    is_aligned,
     make_shards,
     open_private_dir,
     open_private_root,
     probe_direct_io,
-    read_all,
     removed_dir,
-    stored_length,
     tmp_name,
-    write_all,
     write_description,
 )
 from jax_kvoffload.tiers._disk_index import DiskIndex, startup_scan
 from jax_kvoffload.tiers._disk_sync import Syncer, then, unlink_quietly
-from jax_kvoffload.tiers._entry import check_header, encode_header
+from jax_kvoffload.tiers._entry import encode_header
 from jax_kvoffload.tiers._errors import (
     DirectIOUnavailableError,
     TierStateError,
@@ -305,7 +303,6 @@ class DiskTier(SecondaryTier):
     ) -> int:
         """Writes header + payload to a new file `<shard>/<tmp>`; returns its size."""
         n = len(payload)
-        total = ALIGN + n
         header = encode_header(self._namespace, key, n, crc32c(payload), align=ALIGN)
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
         if self.direct_io:
@@ -316,21 +313,7 @@ class DiskTier(SecondaryTier):
             self._remake_shards()
             fd = os.open(f"{shard}/{tmp}", flags, 0o600, dir_fd=self._ns_fd)
         try:
-            if not self.direct_io:
-                write_all(fd, [header, payload], total)
-                return total
-            if is_aligned(payload):
-                head = stage.view(ALIGN)
-                head[:] = header
-                write_all(fd, [head, payload], total)
-                return total
-            size = -(-total // ALIGN) * ALIGN
-            buf = stage.view(size)
-            buf[:ALIGN] = header
-            buf[ALIGN:total] = payload
-            buf[total:] = bytes(size - total)
-            write_all(fd, [buf], size)
-            return size
+            return write_entry(fd, stage, header, payload, self.direct_io)
         finally:
             os.close(fd)
 
@@ -371,7 +354,6 @@ class DiskTier(SecondaryTier):
         (kept)."""
         shard, name = entry_name(self._namespace, key)
         rel = f"{shard}/{name}"
-        n = len(out)
         flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
         try:
             fd = os.open(rel, flags | (_O_DIRECT if self.direct_io else 0), dir_fd=self._ns_fd)
@@ -386,43 +368,12 @@ class DiskTier(SecondaryTier):
             return False
         try:
             st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
-                self._reject(rel, st, "not a regular file of ours")
+            got = read_entry(fd, st, stage, self._namespace, key, out, self.direct_io)
+            if isinstance(got, str):  # a bad file: why
+                self._reject(rel, st, got)
                 return False
-            total = ALIGN + n
-            if not total <= st.st_size <= -(-total // ALIGN) * ALIGN:
-                # Not this payload's size: a bad file, or a whole entry of another length
-                # (the caller's buffer is wrong): only the header can tell them apart.
-                other = stored_length(fd, stage, self._namespace, key, st.st_size)
-                if other is not None:
-                    return other
-                self._reject(rel, st, f"size {st.st_size} for a payload of {n}")
-                return False
-            if not self.direct_io or is_aligned(out):
-                head = stage.view(ALIGN)
-                got = read_all(fd, [head, out], total)
-            else:
-                size = -(-total // ALIGN) * ALIGN
-                buf = stage.view(size)
-                got = read_all(fd, [buf], total)
-                head = buf[:ALIGN]
-            if got < total:
-                self._reject(rel, st, "short read")
-                return False
-            hdr = check_header(head, namespace=self._namespace, key=key)
-            if not isinstance(hdr, str) and hdr.payload_len != n:
-                other = stored_length(fd, stage, self._namespace, key, st.st_size)
-                if other is not None:  # a whole entry a byte or so longer or shorter
-                    return other
-                hdr = f"payload length {hdr.payload_len} != expected {n}"
-            if isinstance(hdr, str):
-                self._reject(rel, st, hdr)
-                return False
-            if self.direct_io and not is_aligned(out):
-                out[:] = buf[ALIGN:total]
-            if crc32c(out) != hdr.payload_crc:
-                self._reject(rel, st, "payload checksum mismatch")
-                return False
+            if got is not True:  # a whole entry of another length: kept
+                return got
             with contextlib.suppress(OSError):
                 os.utime(fd)  # recency for the LRU, kept across restarts
             self._index.touch(f"{self._ns_name}/{rel}", st.st_size)
