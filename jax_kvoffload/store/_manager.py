@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-import operator
 from collections.abc import Callable, Sequence
 from typing import NamedTuple, TypeVar, final
 
@@ -13,12 +11,12 @@ from ._capacity import HOST_PAGE_SIZE, cpu_tier_capacity
 from ._checks import check_int, need_context, not_bytes
 from ._context import AbstractRequestContext, LookupResult, check_context
 from ._errors import PolicyContractError, StoreTypeError
-from ._events import Medium, OffloadingEvent
 from ._keys import OffloadKey, check_keys
 from ._loads import LoadPath
 from ._policy_base import AbstractEvictionPolicy, BatchHooks, ChunkStatus
 from ._registry import get_policy_class
-from ._stats import StoreCounters, StoreStats
+from ._reporting import StoreReporting
+from ._stats import StoreCounters
 from ._tracker import ReuseTracker
 
 __all__ = ["HostStore", "PrepareStoreOutput"]
@@ -27,11 +25,6 @@ logger = logging.getLogger(__name__)
 
 _MISS, _HIT, _HIT_PENDING = LookupResult.MISS, LookupResult.HIT, LookupResult.HIT_PENDING
 _R = TypeVar("_R")
-_E = TypeVar("_E")
-
-
-def _our_event(keys: tuple[OffloadKey, ...], removed: bool, metadata_only: bool) -> OffloadingEvent:
-    return OffloadingEvent(keys, Medium.CPU, removed, metadata_only)
 
 
 class PrepareStoreOutput(NamedTuple):
@@ -50,12 +43,11 @@ class PrepareStoreOutput(NamedTuple):
 
 
 _EMPTY_OUTPUT = PrepareStoreOutput((), (), ())
-_counter_values = operator.attrgetter(*(f.name for f in dataclasses.fields(StoreCounters)))
 _new_output = tuple.__new__
 
 
 @final
-class HostStore(LoadPath):
+class HostStore(LoadPath, StoreReporting):
     """Bookkeeping of the host chunk pool: what is stored where, pins, eviction, events.
 
     The store holds no KV bytes; the transfer engine moves bytes into and out of the
@@ -426,71 +418,7 @@ class HostStore(LoadPath):
         if done and self._events is not None:
             self._events.append((tuple(done), not success, not success))
 
-    # --- events, stats, reset ---
-
-    def take_events(
-        self, make_event: Callable[[tuple[OffloadKey, ...], bool, bool], _E] | None = None
-    ) -> list[_E]:
-        """Returns and clears the recorded events, oldest first.
-
-        A metadata-only removal drops the keys that were allocated again since (a
-        retried store); it is left out when no key remains.
-
-        Args:
-          make_event: Builds each event from ``(keys, removed, metadata_only)``;
-            default ``OffloadingEvent`` (the vLLM bridge builds vLLM's events).
-        """
-        if make_event is not None and not callable(make_event):
-            raise StoreTypeError(
-                f"make_event must be callable (keys, removed, metadata_only) -> event, "
-                f"got {make_event!r}."
-            )
-        if not self._events:
-            return []
-        events, self._events = self._events, []
-        if make_event is None:
-            make_event = _our_event  # type: ignore[assignment]
-        get = self._get
-        out = []
-        for keys, removed, metadata_only in events:
-            if metadata_only:
-                keys = tuple([key for key in keys if get(key) is None])
-                if not keys:
-                    continue
-            out.append(make_event(keys, removed, metadata_only))  # type: ignore[misc]
-        return out
-
-    def counters(self) -> StoreCounters:
-        """Returns the cumulative counters (since construction; never drained)."""
-        # Positional copy: dataclasses.replace costs ~4x as much (get_stats calls this
-        # once per scheduler step).
-        return StoreCounters(*_counter_values(self._counters))
-
-    def get_stats(self) -> StoreStats:
-        """Returns the usage gauges and counters, and drains the per-interval values."""
-        num_chunks = self._num_chunks
-        occupied = self._num_allocated - len(self._free_list)
-        if num_chunks > 0:
-            usage = (occupied - self._num_evictable) / num_chunks
-            write_usage = self._num_write_pending / num_chunks
-            occupancy = occupied / num_chunks
-        else:
-            usage = write_usage = occupancy = 0.0
-        sizes, self._allocation_sizes = tuple(self._allocation_sizes), []
-        skipped = None
-        if self._tracker is not None:
-            skipped, self._stores_skipped = self._stores_skipped, 0
-        return StoreStats(
-            cpu_cache_usage_perc=usage,
-            cpu_cache_write_usage_perc=write_usage,
-            cpu_cache_read_usage_perc=max(usage - write_usage, 0.0),
-            cpu_allocation_size=sizes,
-            stores_skipped=skipped,
-            num_chunks=num_chunks,
-            occupied_chunks=occupied,
-            occupancy_perc=occupancy,
-            counters=self.counters(),
-        )
+    # --- reset (events, counters and stats: StoreReporting, _reporting.py) ---
 
     def reset_cache(self) -> None:
         """Forgets every chunk, pinned and write-pending ones included.

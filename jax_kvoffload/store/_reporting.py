@@ -1,0 +1,107 @@
+"""What the host store reports: its recorded events, counters and usage statistics.
+
+`StoreReporting` is a mixin of `HostStore` (kept apart to keep modules small); it uses
+the store's attributes named in its annotations.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import operator
+from collections.abc import Callable
+from typing import TypeVar
+
+from ._errors import StoreTypeError
+from ._events import Medium, OffloadingEvent
+from ._keys import OffloadKey
+from ._stats import StoreCounters, StoreStats
+from ._tracker import ReuseTracker
+
+__all__ = ["StoreReporting"]
+
+_E = TypeVar("_E")
+_counter_values = operator.attrgetter(*(f.name for f in dataclasses.fields(StoreCounters)))
+
+
+def _our_event(keys: tuple[OffloadKey, ...], removed: bool, metadata_only: bool) -> OffloadingEvent:
+    return OffloadingEvent(keys, Medium.CPU, removed, metadata_only)
+
+
+class StoreReporting:
+    """``take_events`` / ``counters`` / ``get_stats`` of ``HostStore``."""
+
+    _get: Callable[[OffloadKey], object]
+    _counters: StoreCounters
+    _events: list[tuple[tuple[OffloadKey, ...], bool, bool]] | None
+    _tracker: ReuseTracker | None
+    _num_chunks: int
+    _num_allocated: int
+    _free_list: list[int]
+    _num_evictable: int
+    _num_write_pending: int
+    _allocation_sizes: list[int]
+    _stores_skipped: int
+
+    def take_events(
+        self, make_event: Callable[[tuple[OffloadKey, ...], bool, bool], _E] | None = None
+    ) -> list[_E]:
+        """Returns and clears the recorded events, oldest first.
+
+        A metadata-only removal drops the keys that were allocated again since (a
+        retried store); it is left out when no key remains.
+
+        Args:
+          make_event: Builds each event from ``(keys, removed, metadata_only)``;
+            default ``OffloadingEvent`` (the vLLM bridge builds vLLM's events).
+        """
+        if make_event is not None and not callable(make_event):
+            raise StoreTypeError(
+                f"make_event must be callable (keys, removed, metadata_only) -> event, "
+                f"got {make_event!r}."
+            )
+        if not self._events:
+            return []
+        events, self._events = self._events, []
+        if make_event is None:
+            make_event = _our_event  # type: ignore[assignment]
+        get = self._get
+        out = []
+        for keys, removed, metadata_only in events:
+            if metadata_only:
+                keys = tuple([key for key in keys if get(key) is None])
+                if not keys:
+                    continue
+            out.append(make_event(keys, removed, metadata_only))  # type: ignore[misc]
+        return out
+
+    def counters(self) -> StoreCounters:
+        """Returns the cumulative counters (since construction; never drained)."""
+        # Positional copy: dataclasses.replace costs ~4x as much (get_stats calls this
+        # once per scheduler step).
+        return StoreCounters(*_counter_values(self._counters))
+
+    def get_stats(self) -> StoreStats:
+        """Returns the usage gauges and counters, and drains the per-interval values."""
+        num_chunks = self._num_chunks
+        occupied = self._num_allocated - len(self._free_list)
+        if num_chunks > 0:
+            usage = (occupied - self._num_evictable) / num_chunks
+            write_usage = self._num_write_pending / num_chunks
+            occupancy = occupied / num_chunks
+        else:
+            usage = write_usage = occupancy = 0.0
+        sizes, self._allocation_sizes = tuple(self._allocation_sizes), []
+        skipped = None
+        if self._tracker is not None:
+            skipped, self._stores_skipped = self._stores_skipped, 0
+        return StoreStats(
+            cpu_cache_usage_perc=usage,
+            cpu_cache_write_usage_perc=write_usage,
+            cpu_cache_read_usage_perc=max(usage - write_usage, 0.0),
+            cpu_allocation_size=sizes,
+            stores_skipped=skipped,
+            num_chunks=num_chunks,
+            occupied_chunks=occupied,
+            occupancy_perc=occupancy,
+            counters=self.counters(),
+        )
