@@ -29,6 +29,7 @@ import functools
 import logging
 from typing import TYPE_CHECKING, Any
 
+from jax_kvoffload._log_once import LogOnce
 from jax_kvoffload.config import tier_config_from_dict
 from jax_kvoffload.errors import KVOffloadValueError
 from jax_kvoffload.tiers import TierBufferSizeError
@@ -109,7 +110,7 @@ def build_tier_classes() -> dict[str, type]:
                         tier_type,
                     )
             self._jobs: dict[int, tuple[Any, bool]] = {}
-            self._size_warned = False
+            self._log_once = LogOnce()  # once per tier, not per process
             self._lookup = _Lookup(self._tier, tier_type)
 
         def _row(self, chunk_id: int) -> memoryview:
@@ -150,9 +151,9 @@ def build_tier_classes() -> dict[str, type]:
                     r = future.result()
                 except TierBufferSizeError as e:  # another geometry's entry: misses, kept
                     # Once per tier at WARNING: it recurs every step while the entry stays.
-                    level = logging.DEBUG if self._size_warned else logging.WARNING
-                    self._size_warned = True
-                    logger.log(level, "%s: %s; such keys are misses", self.tier_type, e)
+                    self._log_once(
+                        logger, "size", "%s: %s; such keys are misses", self.tier_type, e
+                    )
                     r = e.result
                 ok_keys = r.ok_keys
                 if is_load and r.failed_keys:

@@ -10,8 +10,8 @@ from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
 from jax_kvoffload.errors import KVOffloadTypeError
+from jax_kvoffload.tiers._checks import check_keys
 from jax_kvoffload.tiers._errors import TierClosedError
-from jax_kvoffload.tiers._payload import check_keys
 
 __all__ = ["SecondaryTier", "TierJobResult", "TierStats"]
 
