@@ -14,8 +14,6 @@ The translation's parts, the tier registry (`TierKind`; users reach it through
 `jax_kvoffload.config.canonical`.
 """
 
-from typing import Any
-
 from jax_kvoffload.config._boundary import OffloadingCacheConfig as OffloadingCacheConfig
 from jax_kvoffload.config._boundary import OffloadingConfig as OffloadingConfig
 from jax_kvoffload.config._boundary import OffloadingGroupConfig as OffloadingGroupConfig
@@ -149,36 +147,3 @@ __all__ = [  # noqa: RUF022
     "WindowSpecError",
     "CanonicalLayoutError",
 ]
-
-# Names this module exported before the split, now in the semi-public submodules. They
-# stay importable from here (no warning: our CI turns warnings into errors) so that code
-# written before keeps working; new code imports them from the submodule.
-_MOVED = {
-    "internals": (
-        "Certification",
-        "FrozenDict",
-        "as_dtype",
-        "certify",
-        "get_offloading_group_ids",
-        "get_sliding_window_size_in_chunks",
-        "group_kv_bytes_per_block",
-        "iter_layer_specs",
-        "kv_quant_mode_for",
-        "resolve_dcp_kv_block_size",
-        "resolve_kv_cache_block_sizes",
-        "spec_certifiable",
-    ),
-}
-_MOVED_FROM = {name: module for module, names in _MOVED.items() for name in names}
-
-
-def __getattr__(name: str) -> Any:
-    import importlib
-
-    # Every name of the canonical submodule was exported here before the split.
-    module = _MOVED_FROM.get(name)
-    if module is None and name in importlib.import_module(f"{__name__}.canonical").__all__:
-        module = "canonical"
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
