@@ -32,7 +32,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from jax_kvoffload._log_once import LogOnce
 from jax_kvoffload.config.internals import (
@@ -47,10 +47,6 @@ from jax_kvoffload.tiers import TierBufferSizeError, tier_class
 __all__ = [*(k.vllm_class for k in tier_kinds()), "build_tier_classes", "vllm_tier_class"]
 
 logger = logging.getLogger(__name__)
-
-if TYPE_CHECKING:  # built on first access by __getattr__ (they import vLLM)
-    JaxDiskTier: type
-    JaxRedisTier: type
 
 
 def __getattr__(name: str) -> Any:

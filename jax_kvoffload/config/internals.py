@@ -33,16 +33,11 @@ from jax_kvoffload.config._frozen import thaw as thaw
 from jax_kvoffload.config._gates import Check as Check
 from jax_kvoffload.config._gates import Verdict as Verdict
 from jax_kvoffload.config._gates import spec_certifiable as spec_certifiable
-from jax_kvoffload.config._host_tier import HOST_POOLS as HOST_POOLS
 from jax_kvoffload.config._specs import iter_layer_specs as iter_layer_specs
 from jax_kvoffload.config._specs import kv_quant_mode_for as kv_quant_mode_for
-from jax_kvoffload.config._tier_kinds import VLLM_MODULE as VLLM_MODULE
-from jax_kvoffload.config._tier_kinds import VLLM_TIER_TYPES as VLLM_TIER_TYPES
 from jax_kvoffload.config._tier_kinds import TierKind as TierKind
 from jax_kvoffload.config._tier_kinds import kind_names_in_words as kind_names_in_words
-from jax_kvoffload.config._tier_kinds import kind_of as kind_of
 from jax_kvoffload.config._tier_kinds import register_tier_kind as register_tier_kind
-from jax_kvoffload.config._tier_kinds import tier_kind as tier_kind
 from jax_kvoffload.config._tier_kinds import (
     tier_kind_for_vllm_class as tier_kind_for_vllm_class,
 )
@@ -65,10 +60,7 @@ from jax_kvoffload.config._validate import from_trusted_fields as from_trusted_f
 from jax_kvoffload.config._validate import show as show
 
 __all__ = [
-    "HOST_POOLS",
     "SPEC_TYPES",
-    "VLLM_MODULE",
-    "VLLM_TIER_TYPES",
     "Certification",
     "Check",
     "FrozenDict",
@@ -90,7 +82,6 @@ __all__ = [
     "group_kv_bytes_per_block",
     "iter_layer_specs",
     "kind_names_in_words",
-    "kind_of",
     "kv_cache_config_from_dict",
     "kv_quant_mode_for",
     "load_description",
@@ -103,7 +94,6 @@ __all__ = [
     "spec_from_dict",
     "thaw",
     "tier_config_from_dict",
-    "tier_kind",
     "tier_kind_for_vllm_class",
     "tier_kinds",
     "unregister_tier_kind",
