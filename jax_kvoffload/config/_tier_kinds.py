@@ -105,6 +105,8 @@ _kinds: dict[str, TierKind] = {}
 
 def register_tier_kind(kind: TierKind) -> TierKind:
     """Adds `kind` to the registry (its parser, factory and vLLM class follow); returns it.
+    Register at import time, before tiers are parsed or opened: the registry takes no
+    lock.
 
     Raises:
       ConfigFieldError: its name, its vLLM class name or its configuration class is
