@@ -28,13 +28,8 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # _report, bes
 import _report
 
 import pallas_kernels as pk
-from jax_kvoffload.transfer import (
-    GroupCaches,
-    GroupTransfer,
-    HostChunkPool,
-    PinnedRowPool,
-    TransferEngine,
-)
+from jax_kvoffload.hostmem import HostChunkPool, PinnedRowPool
+from jax_kvoffload.transfer import GroupCaches, GroupTransfer, TransferEngine
 
 POOLS = {"numpy": HostChunkPool, "pinned": PinnedRowPool}
 FULL = {"blocks": [64, 256, 1024], "layers": 8, "page": (8, 128)}

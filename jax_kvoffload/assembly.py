@@ -24,9 +24,10 @@ from jax_kvoffload.config import (
     RedisTierConfig,
     TierConfigError,
 )
+from jax_kvoffload.hostmem import HostChunkPool, HostPool, PinnedRowPool
 from jax_kvoffload.store import CPUTierCapacity, HostStore, cpu_tier_capacity
 from jax_kvoffload.tiers import SecondaryTier, namespace_digest, namespace_fields, open_tier
-from jax_kvoffload.transfer import GroupCaches, HostChunkPool, HostPool, PinnedRowPool
+from jax_kvoffload.transfer import GroupCaches
 
 __all__ = [
     "HostTierParts",

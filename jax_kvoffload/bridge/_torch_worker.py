@@ -38,8 +38,9 @@ import pallas_kernels as pk
 from jax_kvoffload.bridge._job_plan import JobSpecError, TensorMove, int_ids, plan_job
 from jax_kvoffload.bridge._tensor_bytes import TensorBytes, UnitRows
 from jax_kvoffload.errors import KVOffloadStateError, KVOffloadTypeError
+from jax_kvoffload.hostmem import HostChunkPool, HostPool
 from jax_kvoffload.stats import TransferTally, TransferTotals
-from jax_kvoffload.transfer import HostChunkPool, HostPool, bucket_sizes
+from jax_kvoffload.transfer import bucket_sizes
 
 __all__ = ["Finished", "TorchKVWorker", "WorkerClosedError", "host_widths"]
 

@@ -29,7 +29,8 @@ from jax_kvoffload.config import (
 )
 
 if TYPE_CHECKING:
-    from jax_kvoffload.transfer import CanonicalPoolView, HostChunkPool, SharedHostRegion
+    from jax_kvoffload.hostmem import HostChunkPool, SharedHostRegion
+    from jax_kvoffload.transfer import CanonicalPoolView
 
 __all__ = ["CanonicalWorkerError", "canonical_worker_pool", "our_mapping", "shared_direct_pool"]
 
@@ -209,7 +210,7 @@ def _pool(
 ) -> tuple[HostChunkPool, SharedHostRegion | None]:
     """A pool of `widths` rows, over a region every worker maps when there are several
     (named after the engine, plus `suffix`), else in this process's own memory."""
-    from jax_kvoffload.transfer import HostChunkPool, SharedHostRegion
+    from jax_kvoffload.hostmem import HostChunkPool, SharedHostRegion
 
     world = config.parallel.world_size
     if world <= 1:

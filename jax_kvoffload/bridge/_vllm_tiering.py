@@ -52,7 +52,7 @@ def vllm_tier_dicts(host: HostTierConfig) -> list[dict[str, Any]]:
 
 def _region(config: OffloadingConfig, num_chunks: int, kv_bytes_per_chunk: int, slot: int):
     """The rows' region, joined as `slot` of `world_size + 1` (the scheduler is the last)."""
-    from jax_kvoffload.transfer import SharedHostRegion
+    from jax_kvoffload.hostmem import SharedHostRegion
 
     world = max(config.parallel.world_size, 1)
     name = region_name(config.engine_id) + _SUFFIX
@@ -71,7 +71,7 @@ def tiered_worker_pool(
 ) -> tuple[Any, Any]:
     """This worker's `ChunkRowPool` over the rows the scheduler's tiers read, and the
     region (closed with the worker)."""
-    from jax_kvoffload.transfer import ChunkRowPool
+    from jax_kvoffload.hostmem import ChunkRowPool
 
     rank = config.parallel.rank
     area = 0 if replicated else rank * cpu_page_size_per_worker

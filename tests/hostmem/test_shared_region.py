@@ -15,9 +15,9 @@ import uuid
 import numpy as np
 import pytest
 
-from jax_kvoffload.transfer import SharedHostRegion, SharedRegionError, _shm_memfd, _shm_rendezvous
-from jax_kvoffload.transfer._shared_region import SharedRegionArgumentError, memfd_name
-from tests.transfer._forked import Forked, memfd_mappers, shm_entries
+from jax_kvoffload.hostmem import SharedHostRegion, SharedRegionError, _shm_memfd, _shm_rendezvous
+from jax_kvoffload.hostmem._shared_region import SharedRegionArgumentError, memfd_name
+from tests.hostmem._forked import Forked, memfd_mappers, shm_entries
 
 pytestmark = pytest.mark.skipif(
     _shm_memfd.unsupported() is not None, reason=str(_shm_memfd.unsupported())
