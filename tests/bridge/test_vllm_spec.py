@@ -121,12 +121,13 @@ def test_a_replicated_worker_without_its_shared_region_fails_at_get_worker(monke
     # The guard that replaces vLLM's platform test: no private fallback (non-writer
     # ranks skip their stores, so private memory would lose their pages).
     import jax_kvoffload.hostmem as hostmem
+    from jax_kvoffload.hostmem import _build
 
     class NoRegion:
         def __init__(self, *args, **kwargs):
             raise hostmem.SharedRegionError("no shared memory here")
 
-    monkeypatch.setattr(hostmem, "SharedHostRegion", NoRegion)
+    monkeypatch.setattr(_build, "SharedHostRegion", NoRegion)
     cfg = offloading_config(wkb=64, world=2, replicated_layout=True)
     t = torch.zeros((4, 64), dtype=torch.int8)
     kv = base.CanonicalKVCaches(
