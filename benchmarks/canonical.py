@@ -35,15 +35,15 @@ import numpy as np
 import pallas_kernels as pk
 from jax_kvoffload.config import FullAttentionSpec
 from jax_kvoffload.config.canonical import KVTensorView, RankContext, layer_mapping
+from jax_kvoffload.hostmem import HostChunkPool
+from jax_kvoffload.hostmem.internals import copy_threads
 from jax_kvoffload.transfer import (
     CanonicalPoolView,
     GroupCaches,
     GroupTransfer,
-    HostChunkPool,
     TransferEngine,
     plan_for_group,
 )
-from jax_kvoffload.transfer.internals import copy_threads
 
 FORMS = {
     "packed-nhd": (pk.KVLayout.nhd(), "packed", "nhd"),

@@ -36,7 +36,8 @@ os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={n_dev}"
 import jax, jax.numpy as jnp, numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 import pallas_kernels as pk
-from jax_kvoffload.transfer import GroupCaches, GroupTransfer, HostChunkPool, TransferEngine
+from jax_kvoffload.hostmem import HostChunkPool
+from jax_kvoffload.transfer import GroupCaches, GroupTransfer, TransferEngine
 
 bs, dim, bpc = 16, 128, 16
 mesh = Mesh(np.array(jax.devices()[:n_dev]), ("tp",))

@@ -30,7 +30,8 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # _report, bes
 import _report
 
 import pallas_kernels as pk
-from jax_kvoffload.transfer import GroupCaches, GroupTransfer, HostChunkPool, TransferEngine
+from jax_kvoffload.hostmem import HostChunkPool
+from jax_kvoffload.transfer import GroupCaches, GroupTransfer, TransferEngine
 
 FULL = {"blocks": [64, 256, 1024], "layers": [8, 32], "pages": [(8, 128), (2, 64)]}
 QUICK = {"blocks": [64, 256], "layers": [8], "pages": [(8, 128), (2, 64)]}

@@ -28,15 +28,10 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # _report, bes
 import _report
 
 import pallas_kernels as pk
-from jax_kvoffload.transfer import (
-    GroupCaches,
-    GroupTransfer,
-    HostChunkPool,
-    PinnedRowPool,
-    TransferEngine,
-)
+from jax_kvoffload.hostmem import build_host_pool
+from jax_kvoffload.transfer import GroupCaches, GroupTransfer, TransferEngine
 
-POOLS = {"numpy": HostChunkPool, "pinned": PinnedRowPool}
+POOLS = ("numpy", "pinned")  # host_pool kinds, built as the library builds them
 FULL = {"blocks": [64, 256, 1024], "layers": 8, "page": (8, 128)}
 QUICK = {"blocks": [32], "layers": 2, "page": (2, 64)}
 BLOCK_SIZE = 16
@@ -50,10 +45,11 @@ def measure(blocks: int, layers: int, page: tuple[int, int], bpc: int, repeats: 
     ids = tuple(int(i) for i in np.random.default_rng(0).permutation(2 * blocks)[:blocks])
     transfer = GroupTransfer(0, ids, tuple(range(num_chunks)))
     engines = {}
-    for name, cls in POOLS.items():
+    for name in POOLS:
         arrays = [jnp.full(shape, k, jnp.uint16) for k in range(layers)]
         gc = GroupCaches(arrays, layout)
-        engines[name] = TransferEngine({0: gc}, cls(num_chunks, {0: gc.block_bytes}, bpc))
+        pool, _ = build_host_pool(num_chunks, {0: gc.block_bytes}, bpc, kind=name)
+        engines[name] = TransferEngine({0: gc}, pool)
     nbytes = blocks * GroupCaches([jnp.zeros(shape, jnp.uint16)], layout).block_bytes * layers
     job = iter(range(1, 10**9))
 

@@ -4,6 +4,7 @@ Subpackages:
   config    vLLM's offloading boundary (OffloadingConfig) and its translation rules.
   store     the scheduler-side host store (chunk bookkeeping, eviction, events).
   transfer  the worker-side transfer engine (gather/scatter kernels + device_put).
+  hostmem   host memory: the pools the engine fills, the region workers share.
   bridge    torch (DLPack) and vLLM adapters; imports torch/vLLM lazily.
 
 `KVOffloader` (store + transfer in one object, for JAX serving stacks) and

@@ -49,6 +49,7 @@ from jax_kvoffload._offloader_tiers import TierPath, TierPathStats, prefix_chunk
 from jax_kvoffload.assembly import engine_pages
 from jax_kvoffload.config import OffloadingConfig
 from jax_kvoffload.errors import KVOffloadStateError
+from jax_kvoffload.hostmem.internals import check_index
 from jax_kvoffload.stats import OffloadStats, TierStats
 from jax_kvoffload.store import LookupResult, make_offload_key
 from jax_kvoffload.tiers import SecondaryTier, namespace_digest
@@ -62,7 +63,6 @@ from jax_kvoffload.transfer import (
 from jax_kvoffload.transfer.internals import (
     SingleCaller,
     check_distinct,
-    check_index,
     deferred_interrupts,
 )
 

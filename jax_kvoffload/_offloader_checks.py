@@ -18,9 +18,10 @@ from jax_kvoffload.assembly import HostTierParts, assemble_host_tier, engine_pag
 from jax_kvoffload.config import OffloadingConfig, host_tier_config
 from jax_kvoffload.config.internals import as_dtype
 from jax_kvoffload.errors import KVOffloadError, KVOffloadTypeError, KVOffloadValueError
+from jax_kvoffload.hostmem.internals import check_index, check_indices
 from jax_kvoffload.tiers import SecondaryTier
 from jax_kvoffload.transfer import GroupCaches, check_global_caches
-from jax_kvoffload.transfer.internals import check_distinct, check_index, check_indices
+from jax_kvoffload.transfer.internals import check_distinct
 
 
 class OffloaderError(KVOffloadValueError):

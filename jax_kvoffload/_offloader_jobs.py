@@ -14,9 +14,10 @@ from typing import Any
 
 from jax_kvoffload._offloader_checks import OffloaderError
 from jax_kvoffload.errors import KVOffloadTypeError
+from jax_kvoffload.hostmem.internals import check_index
 from jax_kvoffload.store import HostStore
 from jax_kvoffload.transfer import Direction, TransferEngine, TransferResult
-from jax_kvoffload.transfer.internals import check_index, deferred_interrupts
+from jax_kvoffload.transfer.internals import deferred_interrupts
 
 __all__ = ["JobBook"]
 

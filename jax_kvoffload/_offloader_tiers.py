@@ -31,9 +31,10 @@ from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field, fields
 
 from jax_kvoffload.errors import KVOffloadStateError
+from jax_kvoffload.hostmem import HostPool
 from jax_kvoffload.store import HostStore, LookupResult
 from jax_kvoffload.tiers import SecondaryTier, TierBufferSizeError, TierJobResult
-from jax_kvoffload.transfer import HostPool, Medium, TransferPath
+from jax_kvoffload.transfer import Medium, TransferPath
 from jax_kvoffload.transfer.internals import deferred_interrupts
 
 __all__ = ["PromotionMissError", "TierPath", "TierPathStats", "prefix_chunks"]

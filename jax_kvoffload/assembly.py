@@ -4,10 +4,12 @@
 the tiers on the scheduler side, the pool on each worker) size and build them here, so
 both read the extra config once (`jax_kvoffload.config.host_tier_config`) and apply the
 same rules: capacity as vLLM's CPU tier (`cpu_tier_capacity`), the store's options as
-vLLM's `CPUOffloadingSpec.get_manager` passes them, the tiers in the namespace of the
-engine's `OffloadingConfig`.
+vLLM's `CPUOffloadingSpec.get_manager` passes them, the pool `host_pool` names
+(`jax_kvoffload.hostmem.build_host_pool`, where every host pool is built), the tiers in
+the namespace of the engine's `OffloadingConfig`.
 
-Sits above `store`, `transfer` and `tiers` (which never import each other).
+Sits above `store`, `transfer`, `hostmem` and `tiers` (which never import each other,
+except `transfer`, which moves bytes into `hostmem`'s pools).
 """
 
 from __future__ import annotations
@@ -19,14 +21,14 @@ from typing import Any
 
 from jax_kvoffload.config import HostTierConfig, OffloadingConfig, TierConfigError, VllmTierConfig
 from jax_kvoffload.config.internals import kind_names_in_words
+from jax_kvoffload.hostmem import HostPool, build_host_pool
 from jax_kvoffload.store import CPUTierCapacity, HostStore, cpu_tier_capacity
 from jax_kvoffload.tiers import SecondaryTier, namespace_digest, namespace_fields, open_tier
-from jax_kvoffload.transfer import GroupCaches, HostChunkPool, HostPool, PinnedRowPool
+from jax_kvoffload.transfer import GroupCaches
 
 __all__ = [
     "HostTierParts",
     "assemble_host_tier",
-    "build_pool",
     "build_store",
     "engine_pages",
     "host_capacity",
@@ -68,15 +70,6 @@ def host_capacity(
 def build_store(host: HostTierConfig, num_chunks: int, *, enable_events: bool) -> HostStore:
     """The `HostStore`, with the options vLLM's `CPUOffloadingSpec.get_manager` passes."""
     return HostStore(num_chunks, enable_events=enable_events, **host.store_kwargs())
-
-
-def build_pool(
-    host: HostTierConfig, num_chunks: int, bytes_per_block: Mapping[int, int], blocks_per_chunk: int
-) -> HostPool:
-    """The host pool `host.host_pool` names, sized for the store's chunks."""
-    if host.host_pool == "pinned":
-        return PinnedRowPool(num_chunks, bytes_per_block, blocks_per_chunk)
-    return HostChunkPool(num_chunks, bytes_per_block, blocks_per_chunk)
 
 
 def engine_pages(caches: Mapping[int, GroupCaches]) -> list[dict[str, Any]]:
@@ -165,7 +158,9 @@ def assemble_host_tier(
         replicated_layout=replicated_layout,
     )
     store = build_store(host, capacity.num_chunks, enable_events=enable_events)
-    pool = build_pool(host, store.num_chunks, bytes_per_block, config.cache.blocks_per_chunk)
+    pool, _ = build_host_pool(
+        store.num_chunks, bytes_per_block, config.cache.blocks_per_chunk, kind=host.host_pool
+    )
     if tiers is None:
         opened = open_tiers(config, host, pages=pages)
     else:

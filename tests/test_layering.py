@@ -4,9 +4,10 @@
   others use, semi-public parts from its `internals` module).
 - `pallas_kernels` is standalone: it imports nothing of `jax_kvoffload`.
 - One-way layers: config and the helpers (`_log_once`, `_threads`) at the bottom;
-  errors and stats above config; store, tiers and transfer above those and independent
-  of each other; the offloader, assembly, bridge, demo and CLI on top. A lower package
-  never imports a higher one.
+  errors and stats above config; store, tiers and hostmem above those and independent
+  of each other; transfer above hostmem (it moves bytes into hostmem's pools) and
+  independent of store and tiers; the offloader, assembly, bridge, demo and CLI on top.
+  A lower package never imports a higher one.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ LOWER = {
     "stats": {"config", "errors", *HELPERS},
     "store": {"config", "errors", *HELPERS},
     "tiers": {"config", "errors", *HELPERS},
-    "transfer": {"config", "errors", "pallas_kernels", *HELPERS},
+    "hostmem": {"config", "errors", *HELPERS},
+    "transfer": {"config", "errors", "hostmem", "pallas_kernels", *HELPERS},
 }
 
 
@@ -120,3 +122,29 @@ def test_the_rules_see_a_breach(tmp_path):
     helper = tmp_path / "jax_kvoffload" / "_threads.py"  # a helper is below everything
     helper.write_text("from jax_kvoffload.errors import KVOffloadStateError\n")
     assert len(_violations([helper], layer_breach)) == 1
+
+
+def test_hostmem_sits_below_transfer(tmp_path):
+    """A planted hostmem module importing transfer, the store, pallas_kernels and
+    transfer's private module breaks the layers four times and the privacy once; the
+    same imports the other way (transfer importing hostmem's public names) are fine."""
+    pkg = tmp_path / "jax_kvoffload" / "hostmem"
+    pkg.mkdir(parents=True)
+    bad = pkg / "_bad.py"
+    bad.write_text(
+        "from jax_kvoffload.transfer import TransferEngine\n"
+        "from jax_kvoffload.store import HostStore\n"
+        "import pallas_kernels\n"
+        "from jax_kvoffload.transfer._jobs import TransferError\n"
+    )
+    assert len(_violations([bad], layer_breach)) == 4
+    assert len(_violations([bad], private_import)) == 1
+    up = tmp_path / "jax_kvoffload" / "transfer"
+    up.mkdir()
+    good = up / "_good.py"
+    good.write_text(
+        "from jax_kvoffload.hostmem import HostPool\n"
+        "from jax_kvoffload.hostmem.internals import check_index\n"
+    )
+    assert _violations([good], layer_breach) == []
+    assert _violations([good], private_import) == []

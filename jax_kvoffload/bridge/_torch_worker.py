@@ -38,8 +38,9 @@ import pallas_kernels as pk
 from jax_kvoffload.bridge._job_plan import JobSpecError, TensorMove, int_ids, plan_job
 from jax_kvoffload.bridge._tensor_bytes import TensorBytes, UnitRows
 from jax_kvoffload.errors import KVOffloadStateError, KVOffloadTypeError
+from jax_kvoffload.hostmem import HostPool, build_host_pool
 from jax_kvoffload.stats import TransferTally, TransferTotals
-from jax_kvoffload.transfer import HostChunkPool, HostPool, bucket_sizes
+from jax_kvoffload.transfer import bucket_sizes
 
 __all__ = ["Finished", "TorchKVWorker", "WorkerClosedError", "host_widths"]
 
@@ -202,7 +203,7 @@ class TorchKVWorker:
             self._geo[t].check_width(width, f"tensor {t}")
         self._result_type = result_type
         if pool is None:
-            pool = HostChunkPool(num_chunks, self.widths, self._bpc)
+            pool, _ = build_host_pool(num_chunks, self.widths, self._bpc)
         elif not isinstance(pool, HostPool):
             raise KVOffloadTypeError(
                 f"pool must be a HostPool (HostChunkPool, CanonicalPoolView, ...), got "

@@ -12,7 +12,7 @@ the same on every TP rank): one region for all workers, which vLLM lets only ran
 write (its connector gates stores on the spec's `replicated_layout`); every rank loads.
 
 Uses vLLM's objects by attribute only; imports neither vLLM nor torch (nor JAX until a
-worker pool is built).
+canonical pool is built: `hostmem` is JAX-free).
 """
 
 from __future__ import annotations
@@ -23,9 +23,10 @@ from typing import TYPE_CHECKING, Any
 
 from jax_kvoffload.config import CanonicalLayoutError, OffloadingConfig
 from jax_kvoffload.config.canonical import CanonicalPageMapping, CopyRun
+from jax_kvoffload.hostmem import HostPool, SharedHostRegion, SharedRows, build_host_pool
 
 if TYPE_CHECKING:
-    from jax_kvoffload.transfer import CanonicalPoolView, HostChunkPool, SharedHostRegion
+    from jax_kvoffload.transfer import CanonicalPoolView
 
 __all__ = ["CanonicalWorkerError", "canonical_worker_pool", "our_mapping", "shared_direct_pool"]
 
@@ -183,7 +184,7 @@ def shared_direct_pool(
     num_chunks: int,
     blocks_per_chunk: int,
     widths: Mapping[int, int],
-) -> tuple[HostChunkPool, SharedHostRegion | None]:
+) -> tuple[HostPool, SharedHostRegion | None]:
     """One pool of direct pages (`widths[t]` bytes per block of tensor t: its unpadded
     page) in a region that every worker process of the engine maps (`world_size`)."""
     widths = dict(widths)
@@ -202,15 +203,11 @@ def _pool(
     num_chunks: int,
     widths: dict[int, int],
     blocks_per_chunk: int,
-) -> tuple[HostChunkPool, SharedHostRegion | None]:
+) -> tuple[HostPool, SharedHostRegion | None]:
     """A pool of `widths` rows, over a region every worker maps when there are several
     (named after the engine, plus `suffix`), else in this process's own memory."""
-    from jax_kvoffload.transfer import HostChunkPool, SharedHostRegion
-
     world = config.parallel.world_size
-    if world <= 1:
-        return HostChunkPool(num_chunks, widths, blocks_per_chunk), None
-    nbytes = HostChunkPool.nbytes_for(num_chunks, widths, blocks_per_chunk)
-    name = region_name(config.engine_id) + suffix
-    region = SharedHostRegion(name, nbytes, world, rank=config.parallel.rank)
-    return HostChunkPool(num_chunks, widths, blocks_per_chunk, buffer=region.array), region
+    shared = None
+    if world > 1:
+        shared = SharedRows(region_name(config.engine_id) + suffix, world, config.parallel.rank)
+    return build_host_pool(num_chunks, widths, blocks_per_chunk, shared=shared)

@@ -27,6 +27,7 @@ from typing import Any
 
 from jax_kvoffload.bridge._vllm_pools import region_name
 from jax_kvoffload.config import ConfigFieldError, HostTierConfig, OffloadingConfig
+from jax_kvoffload.hostmem import SharedHostRegion, SharedRows, build_host_pool
 
 __all__ = ["build_primary_class", "build_tiering_manager", "tiered_worker_pool", "vllm_tier_dicts"]
 
@@ -51,13 +52,22 @@ def vllm_tier_dicts(host: HostTierConfig) -> list[dict[str, Any]]:
     return out
 
 
-def _region(config: OffloadingConfig, num_chunks: int, kv_bytes_per_chunk: int, slot: int):
-    """The rows' region, joined as `slot` of `world_size + 1` (the scheduler is the last)."""
-    from jax_kvoffload.transfer import SharedHostRegion
-
+def _rows(
+    config: OffloadingConfig, kv_bytes_per_chunk: int, slot: int, area_offset: int = 0
+) -> SharedRows:
+    """The rows' region, joined as `slot` of `world_size + 1` (the scheduler is the last):
+    chunk c is row c of `kv_bytes_per_chunk` bytes (vLLM's `SharedOffloadRegion`)."""
     world = max(config.parallel.world_size, 1)
     name = region_name(config.engine_id) + _SUFFIX
-    return SharedHostRegion(name, num_chunks * kv_bytes_per_chunk, world + 1, rank=slot)
+    return SharedRows(name, world + 1, slot, row_stride=kv_bytes_per_chunk, area_offset=area_offset)
+
+
+def _region(
+    config: OffloadingConfig, num_chunks: int, kv_bytes_per_chunk: int, slot: int
+) -> SharedHostRegion:
+    """The scheduler's mapping of the rows (its tiers read and fill whole rows)."""
+    rows = _rows(config, kv_bytes_per_chunk, slot)
+    return SharedHostRegion(rows.name, num_chunks * kv_bytes_per_chunk, rows.attachments, rank=slot)
 
 
 def tiered_worker_pool(
@@ -72,8 +82,6 @@ def tiered_worker_pool(
 ) -> tuple[Any, Any]:
     """This worker's `ChunkRowPool` over the rows the scheduler's tiers read, and the
     region (closed with the worker)."""
-    from jax_kvoffload.transfer import ChunkRowPool
-
     rank = config.parallel.rank
     area = 0 if replicated else rank * cpu_page_size_per_worker
     need = blocks_per_chunk * sum(widths.values())
@@ -84,20 +92,8 @@ def tiered_worker_pool(
             f"{cpu_page_size_per_worker} bytes ({config.worker_kv_bytes_per_block} per "
             "block x blocks_per_chunk): the KV cache description does not match the tensors",
         )
-    region = _region(config, num_chunks, kv_bytes_per_chunk, slot=rank)
-    try:
-        pool = ChunkRowPool(
-            region.array,
-            num_chunks,
-            widths,
-            blocks_per_chunk,
-            row_stride=kv_bytes_per_chunk,
-            area_offset=area,
-        )
-    except BaseException:
-        region.close()
-        raise
-    return pool, region
+    shared = _rows(config, kv_bytes_per_chunk, slot=rank, area_offset=area)
+    return build_host_pool(num_chunks, widths, blocks_per_chunk, shared=shared)
 
 
 @functools.cache

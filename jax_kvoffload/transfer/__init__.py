@@ -1,7 +1,8 @@
 """Worker side: move KV blocks between device caches and pre-allocated host memory.
 
 `TransferEngine` runs the gather/scatter kernels of `pallas_kernels` and `jax.device_put`
-asynchronously over a `HostChunkPool`. See docs/architecture.md.
+asynchronously over a host pool (`jax_kvoffload.hostmem.HostPool`, e.g. `HostChunkPool`).
+See docs/architecture.md.
 """
 
 from jax_kvoffload.transfer._buckets import bucket_sizes as bucket_sizes
@@ -16,7 +17,6 @@ from jax_kvoffload.transfer._canonical_global import check_global_caches as chec
 from jax_kvoffload.transfer._canonical_pool import CanonicalPoolView as CanonicalPoolView
 from jax_kvoffload.transfer._canonical_pool import plans_for_rank as plans_for_rank
 from jax_kvoffload.transfer._engine import TransferEngine as TransferEngine
-from jax_kvoffload.transfer._host_pool import HostChunkPool as HostChunkPool
 from jax_kvoffload.transfer._jobs import Direction as Direction
 from jax_kvoffload.transfer._jobs import GroupTransfer as GroupTransfer
 from jax_kvoffload.transfer._jobs import TransferError as TransferError
@@ -24,27 +24,14 @@ from jax_kvoffload.transfer._jobs import TransferResult as TransferResult
 from jax_kvoffload.transfer._jobs import TransferStateError as TransferStateError
 from jax_kvoffload.transfer._medium import Medium as Medium
 from jax_kvoffload.transfer._medium import TransferPath as TransferPath
-from jax_kvoffload.transfer._pinned_pool import PinnedRowPool as PinnedRowPool
-from jax_kvoffload.transfer._pool_base import HostPool as HostPool
-from jax_kvoffload.transfer._pool_base import HostPoolError as HostPoolError
-from jax_kvoffload.transfer._row_pool import ChunkRowPool as ChunkRowPool
-from jax_kvoffload.transfer._shared_region import SharedHostRegion as SharedHostRegion
-from jax_kvoffload.transfer._shared_region import SharedRegionError as SharedRegionError
 
 __all__ = [
     "CanonicalGroupPlan",
     "CanonicalPoolView",
-    "ChunkRowPool",
     "Direction",
     "GroupCaches",
     "GroupTransfer",
-    "HostChunkPool",
-    "HostPool",
-    "HostPoolError",
     "Medium",
-    "PinnedRowPool",
-    "SharedHostRegion",
-    "SharedRegionError",
     "TransferEngine",
     "TransferError",
     "TransferPath",

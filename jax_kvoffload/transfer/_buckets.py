@@ -8,7 +8,8 @@ bytes are moved twice.
 
 from __future__ import annotations
 
-from jax_kvoffload.transfer._jobs import TransferError, check_index
+from jax_kvoffload.hostmem.internals import check_index
+from jax_kvoffload.transfer._jobs import TransferError
 
 
 def bucket_sizes(n: int, max_bucket: int) -> list[int]:

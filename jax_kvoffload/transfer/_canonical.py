@@ -20,8 +20,8 @@ import numpy as np
 
 import pallas_kernels as pk
 from jax_kvoffload.config.canonical import CanonicalPageMapping, CopyRun, KVTensorView
+from jax_kvoffload.hostmem.internals import StridedCopy, copy_rows, merge_copies
 from jax_kvoffload.transfer._jobs import TransferError
-from jax_kvoffload.transfer._strided import StridedCopy, copy_rows, merge_copies
 
 
 def layer_view(layout: pk.KVLayout, shape: tuple[int, ...], dtype: np.dtype) -> KVTensorView:

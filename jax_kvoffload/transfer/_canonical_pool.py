@@ -16,15 +16,14 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from jax_kvoffload.config import CanonicalRegistration
+from jax_kvoffload.hostmem import HostChunkPool, HostPool, HostPoolError
 from jax_kvoffload.transfer._canonical import (
     CanonicalGroupPlan,
     group_layer_pages,
     plan_for_group,
 )
 from jax_kvoffload.transfer._engine import GroupCaches
-from jax_kvoffload.transfer._host_pool import HostChunkPool
 from jax_kvoffload.transfer._jobs import TransferError
-from jax_kvoffload.transfer._pool_base import HostPool, HostPoolError
 
 logger = logging.getLogger(__name__)
 

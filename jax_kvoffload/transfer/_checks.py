@@ -13,15 +13,10 @@ from typing import Any
 import numpy as np
 
 from jax_kvoffload.errors import KVOffloadTypeError
+from jax_kvoffload.hostmem import HostPool
+from jax_kvoffload.hostmem.internals import check_index, check_indices
 from jax_kvoffload.transfer._caches import GroupCaches
-from jax_kvoffload.transfer._jobs import (
-    GroupTransfer,
-    TransferError,
-    TransferStateError,
-    check_index,
-    check_indices,
-)
-from jax_kvoffload.transfer._pool_base import HostPool
+from jax_kvoffload.transfer._jobs import GroupTransfer, TransferError, TransferStateError
 
 
 @dataclass(frozen=True)

@@ -16,12 +16,12 @@ import jax
 import numpy as np
 
 import pallas_kernels as pk
+from jax_kvoffload.hostmem import HostPool
 from jax_kvoffload.transfer._buckets import store_pieces
 from jax_kvoffload.transfer._caches import GroupCaches
 from jax_kvoffload.transfer._checks import CheckedTransfer
 from jax_kvoffload.transfer._interrupts import deferred_interrupts
 from jax_kvoffload.transfer._jobs import EngineJob
-from jax_kvoffload.transfer._pool_base import HostPool
 from jax_kvoffload.transfer._sharded_io import distinct_shards, fetch_sharded
 from jax_kvoffload.transfer._staging import HostBuffers, bucket_for, host_sharding, replicated
 

@@ -31,6 +31,8 @@ import jax
 
 import pallas_kernels as pk
 from jax_kvoffload.errors import KVOffloadTypeError
+from jax_kvoffload.hostmem import HostPool
+from jax_kvoffload.hostmem.internals import check_index
 from jax_kvoffload.transfer._buckets import bucket_sizes
 from jax_kvoffload.transfer._caches import (
     GroupCaches,
@@ -54,10 +56,8 @@ from jax_kvoffload.transfer._jobs import (
     TransferError,
     TransferResult,
     TransferStateError,
-    check_index,
     run_job,
 )
-from jax_kvoffload.transfer._pool_base import HostPool
 
 __all__ = ["GroupCaches", "TransferEngine"]
 

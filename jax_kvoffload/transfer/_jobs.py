@@ -1,11 +1,10 @@
-"""Transfer jobs, their results and errors, and the checks on job arguments."""
+"""Transfer jobs, their results and errors."""
 
 from __future__ import annotations
 
 import enum
-import operator
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
@@ -13,11 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from jax_kvoffload.errors import (
-    KVOffloadStateError,
-    KVOffloadTypeError,
-    KVOffloadValueError,
-)
+from jax_kvoffload.errors import KVOffloadStateError, KVOffloadValueError
 from jax_kvoffload.transfer._medium import Medium, TransferPath
 
 
@@ -71,65 +66,6 @@ class TransferError(KVOffloadValueError):
 
 class TransferStateError(KVOffloadStateError):
     """The engine cannot take the call now (closed, used from two threads at once, ...)."""
-
-
-def check_index(name: str, value: object) -> int:
-    """`value` as an int; refuses bools, floats (never truncated) and other types."""
-    if isinstance(value, (bool, np.bool_)):
-        raise KVOffloadTypeError(f"{name}={value!r} must be an int, not a bool")
-    try:
-        return operator.index(value)  # ints and numpy integers only: 2.0 is refused
-    except TypeError:
-        raise KVOffloadTypeError(
-            f"{name} must be an int, got {type(value).__name__} {_short(value)}"
-        ) from None
-
-
-def check_indices(name: str, values: object) -> np.ndarray:
-    """A sequence (or 1-D array) of ints as int64; floats and bools are refused."""
-    if isinstance(values, np.ndarray):
-        array = values
-    elif isinstance(values, Sequence) and not isinstance(values, (str, bytes, bytearray)):
-        # numpy would turn True into 1 silently (and a mix of types into strings).
-        if any(type(v) is bool or type(v) is np.bool_ for v in values):
-            array = np.asarray(values, dtype=object)
-        else:
-            try:
-                array = np.asarray(values)
-            except (TypeError, ValueError, OverflowError):
-                array = np.asarray(values, dtype=object)
-    else:
-        raise KVOffloadTypeError(
-            f"{name} must be a sequence of ints, got {type(values).__name__} {_short(values)}"
-        )
-    if array.size == 0:
-        return np.zeros(0, dtype=np.int64)
-    if array.ndim != 1:
-        raise KVOffloadValueError(f"{name} must be 1-D, got shape {array.shape}")
-    if array.dtype.kind == "O":  # huge Python ints, or mixed types: check one by one
-        items = [check_index(f"{name}[{i}]", v) for i, v in enumerate(array.tolist())]
-        bad = [v for v in items if not -(2**62) <= v < 2**62]
-        if bad:
-            raise KVOffloadValueError(f"{name} holds {bad[0]}, far outside any cache")
-        return np.asarray(items, dtype=np.int64)
-    if array.dtype.kind not in "iu":
-        first = next(i for i, v in enumerate(array.tolist()) if not _is_int(v))
-        raise KVOffloadTypeError(
-            f"{name}[{first}]={array.tolist()[first]!r} must be an int "
-            f"({name} has dtype {array.dtype}; ids are never truncated)"
-        )
-    if array.dtype.kind == "u" and array.dtype.itemsize == 8 and int(array.max()) >= 2**63:
-        raise KVOffloadValueError(f"{name} holds {int(array.max())}, far outside any cache")
-    return array.astype(np.int64, copy=False)
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
-
-
-def _short(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 # -- the transfer engine's own records (jax_kvoffload/transfer/_engine.py) ---------------

@@ -8,15 +8,9 @@ ours reaches into another's private `_modules`. Stable within a release; not use
 from jax_kvoffload.transfer._caches import check_distinct as check_distinct
 from jax_kvoffload.transfer._interrupts import SingleCaller as SingleCaller
 from jax_kvoffload.transfer._interrupts import deferred_interrupts as deferred_interrupts
-from jax_kvoffload.transfer._jobs import check_index as check_index
-from jax_kvoffload.transfer._jobs import check_indices as check_indices
-from jax_kvoffload.transfer._strided import copy_threads as copy_threads
 
 __all__ = [
     "SingleCaller",
     "check_distinct",
-    "check_index",
-    "check_indices",
-    "copy_threads",
     "deferred_interrupts",
 ]

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from jax_kvoffload.tiers import DiskTier, DiskTierConfig, UnsafeDirectoryError
-from tests.transfer._forked import NOBODY, Forked, needs_root
+from tests.hostmem._forked import NOBODY, Forked, needs_root
 
 NS = bytes(range(32))
 KEY = b"\x07" * 32 + bytes(4)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from jax_kvoffload.transfer import HostChunkPool, HostPoolError
+from jax_kvoffload.hostmem import HostChunkPool, HostPoolError
 
 BAD = {
     "chunk -1": ([-1], 0, 1),

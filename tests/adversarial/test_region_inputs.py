@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from jax_kvoffload.transfer import SharedHostRegion
-from jax_kvoffload.transfer._shared_region import SharedRegionArgumentError
+from jax_kvoffload.hostmem import SharedHostRegion
+from jax_kvoffload.hostmem._shared_region import SharedRegionArgumentError
 
 
 @pytest.mark.parametrize("name", ["\ud800", "engine-\udcff"])

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from jax_kvoffload.transfer import ChunkRowPool, HostPoolError, PinnedRowPool
+from jax_kvoffload.hostmem import ChunkRowPool, HostPoolError, PinnedRowPool
 
 BAD = {
     "chunk -1": ([-1], 0, 1),

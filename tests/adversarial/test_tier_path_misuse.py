@@ -222,7 +222,7 @@ def test_a_load_whose_promotion_raises_leaves_no_pin(monkeypatch, error):
 @pytest.mark.parametrize("host_pool", ["np.zeros(2)", "HostChunkPool", "['pinned']"])
 def test_host_pool_is_a_pool_name_and_says_so(host_pool):
     # An array used to fail with numpy's "truth value of an array is ambiguous".
-    from jax_kvoffload.transfer import HostChunkPool
+    from jax_kvoffload.hostmem import HostChunkPool
 
     value = {"np.zeros(2)": np.zeros(2), "HostChunkPool": HostChunkPool(2, {0: 8}, 2),
              "['pinned']": ["pinned"]}[host_pool]  # fmt: skip

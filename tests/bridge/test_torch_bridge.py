@@ -30,7 +30,7 @@ from jax_kvoffload.bridge.torch import (  # noqa: E402
     to_torch,
 )
 from jax_kvoffload.errors import KVOffloadError, KVOffloadTypeError  # noqa: E402
-from jax_kvoffload.transfer import HostPoolError  # noqa: E402
+from jax_kvoffload.hostmem import HostPoolError  # noqa: E402
 
 DTYPES = [
     torch.bfloat16,

@@ -120,19 +120,20 @@ def test_replicated_layout_follows_vllms_shared_region_gate(world, monkeypatch):
 def test_a_replicated_worker_without_its_shared_region_fails_at_get_worker(monkeypatch):
     # The guard that replaces vLLM's platform test: no private fallback (non-writer
     # ranks skip their stores, so private memory would lose their pages).
-    import jax_kvoffload.transfer as transfer
+    import jax_kvoffload.hostmem as hostmem
+    from jax_kvoffload.hostmem import _build
 
     class NoRegion:
         def __init__(self, *args, **kwargs):
-            raise transfer.SharedRegionError("no shared memory here")
+            raise hostmem.SharedRegionError("no shared memory here")
 
-    monkeypatch.setattr(transfer, "SharedHostRegion", NoRegion)
+    monkeypatch.setattr(_build, "SharedHostRegion", NoRegion)
     cfg = offloading_config(wkb=64, world=2, replicated_layout=True)
     t = torch.zeros((4, 64), dtype=torch.int8)
     kv = base.CanonicalKVCaches(
         [base.CanonicalKVCacheTensor(t, 64)], [[base.CanonicalKVCacheRef(0, 64)]]
     )
-    with pytest.raises(transfer.SharedRegionError, match="no shared memory"):
+    with pytest.raises(hostmem.SharedRegionError, match="no shared memory"):
         bridge.JaxOffloadingSpec(cfg).get_worker(kv)
 
 

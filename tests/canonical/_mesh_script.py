@@ -16,13 +16,8 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jax_kvoffload.transfer import (
-    GroupCaches,
-    GroupTransfer,
-    HostChunkPool,
-    TransferEngine,
-    check_global_caches,
-)
+from jax_kvoffload.hostmem import HostChunkPool
+from jax_kvoffload.transfer import GroupCaches, GroupTransfer, TransferEngine, check_global_caches
 from tests.canonical.topology import FORMS, Model, Topology, reference, store
 
 BLOCKS, CHUNKS = (5, 0, 3), (1, 0)

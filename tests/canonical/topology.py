@@ -25,11 +25,11 @@ from jax_kvoffload.config import (
     ParallelConfig,
 )
 from jax_kvoffload.config.canonical import RankContext, derive_layer_mappings, rank_contexts
+from jax_kvoffload.hostmem import HostChunkPool
 from jax_kvoffload.transfer import (
     CanonicalPoolView,
     GroupCaches,
     GroupTransfer,
-    HostChunkPool,
     TransferEngine,
     layer_view,
     plans_for_rank,

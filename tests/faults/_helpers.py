@@ -30,8 +30,8 @@ from jax_kvoffload.config import (
     SlidingWindowSpec,
     build_offloading_config,
 )
+from jax_kvoffload.hostmem import HostChunkPool
 from jax_kvoffload.store import HostStore
-from jax_kvoffload.transfer import HostChunkPool
 
 NB, BS, H, D = 32, 4, 2, 8  # blocks, tokens per block, KV heads, head dim
 LAYERS = 2

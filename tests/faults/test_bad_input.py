@@ -22,8 +22,9 @@ from jax_kvoffload.errors import (
     KVOffloadTypeError,
     KVOffloadValueError,
 )
+from jax_kvoffload.hostmem import HostChunkPool
 from jax_kvoffload.store import StoreError
-from jax_kvoffload.transfer import GroupTransfer, HostChunkPool, TransferEngine
+from jax_kvoffload.transfer import GroupTransfer, TransferEngine
 from tests.faults._helpers import NB, config, hashes, noise, offloader, pins, write_blocks
 
 KIND = {"type": KVOffloadTypeError, "value": KVOffloadValueError, "state": KVOffloadStateError}

@@ -13,8 +13,9 @@ import pytest
 import pallas_kernels as pk
 from jax_kvoffload import GroupCaches
 from jax_kvoffload.errors import KVOffloadError
+from jax_kvoffload.hostmem import HostChunkPool
 from jax_kvoffload.store import StoreError
-from jax_kvoffload.transfer import GroupTransfer, HostChunkPool, TransferEngine
+from jax_kvoffload.transfer import GroupTransfer, TransferEngine
 from tests.faults._helpers import NB, hashes, noise, offloader, pins, write_blocks
 
 STORE_ERRORS = () if issubclass(StoreError, KVOffloadError) else (StoreError,)

@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 import pallas_kernels as pk
-from jax_kvoffload.transfer import GroupCaches, GroupTransfer, HostChunkPool, TransferEngine
+from jax_kvoffload.hostmem import HostChunkPool
+from jax_kvoffload.transfer import GroupCaches, GroupTransfer, TransferEngine
 from tests.faults._helpers import (
     Injector,
     Reports,

@@ -11,7 +11,7 @@ import time
 import numpy as np
 
 from jax_kvoffload.errors import KVOffloadStateError
-from jax_kvoffload.transfer import HostChunkPool
+from jax_kvoffload.hostmem import HostChunkPool
 from tests.faults._helpers import (
     Gate,
     Reports,

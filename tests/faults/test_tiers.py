@@ -12,8 +12,8 @@ import threading
 import numpy as np
 import pytest
 
+from jax_kvoffload.hostmem import HostChunkPool
 from jax_kvoffload.store import HostStore, LookupResult, make_offload_key
-from jax_kvoffload.transfer import HostChunkPool
 
 from ._helpers import (
     CALLER_TARGETS,

@@ -8,7 +8,8 @@ import pytest
 
 import pallas_kernels as pk
 from jax_kvoffload.errors import KVOffloadError
-from jax_kvoffload.transfer import GroupCaches, GroupTransfer, HostChunkPool, TransferEngine
+from jax_kvoffload.hostmem import HostChunkPool
+from jax_kvoffload.transfer import GroupCaches, GroupTransfer, TransferEngine
 from tests.faults._helpers import hashes, noise, offloader, pins, write_blocks
 
 

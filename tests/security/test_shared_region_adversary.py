@@ -23,13 +23,13 @@ import uuid
 
 import pytest
 
-from jax_kvoffload.transfer import SharedHostRegion, _shm_memfd, _shm_rendezvous
-from jax_kvoffload.transfer._shared_region import (
+from jax_kvoffload.hostmem import SharedHostRegion, _shm_memfd, _shm_rendezvous
+from jax_kvoffload.hostmem._shared_region import (
     ForeignPeerError,
     SharedRegionTimeoutError,
     memfd_name,
 )
-from tests.transfer._forked import NOBODY, Forked, memfd_mappers, needs_root, shm_entries
+from tests.hostmem._forked import NOBODY, Forked, memfd_mappers, needs_root, shm_entries
 
 pytestmark = pytest.mark.skipif(
     _shm_memfd.unsupported() is not None, reason=str(_shm_memfd.unsupported())
@@ -298,7 +298,7 @@ def test_a_rank_that_restarts_after_the_creator_died_joins_the_survivors_memory(
 _FILL = textwrap.dedent(
     """
     import sys
-    from jax_kvoffload.transfer import SharedHostRegion
+    from jax_kvoffload.hostmem import SharedHostRegion
     with SharedHostRegion(sys.argv[1], 4 << 20, 2) as r:
         r.array[:] = 0xAB  # every page: a SIGBUS would kill us here
         assert (r.array == 0xAB).all()

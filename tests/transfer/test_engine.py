@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 
 import pallas_kernels as pk
+from jax_kvoffload.hostmem import HostChunkPool
 from jax_kvoffload.transfer import (
     Direction,
     GroupCaches,
     GroupTransfer,
-    HostChunkPool,
     TransferEngine,
     TransferError,
     TransferStateError,

@@ -17,7 +17,8 @@ SCRIPT = textwrap.dedent(
     import jax, jax.numpy as jnp, numpy as np
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
     import pallas_kernels as pk
-    from jax_kvoffload.transfer import GroupCaches, GroupTransfer, HostChunkPool, TransferEngine
+    from jax_kvoffload.hostmem import HostChunkPool
+    from jax_kvoffload.transfer import GroupCaches, GroupTransfer, TransferEngine
 
     assert len(jax.devices()) == 4
     mesh = Mesh(np.array(jax.devices()), ("tp",))

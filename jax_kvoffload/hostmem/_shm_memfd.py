@@ -21,7 +21,7 @@ import stat
 import struct
 import sys
 
-from jax_kvoffload.transfer._shm_errors import SharedRegionError
+from jax_kvoffload.hostmem._shm_errors import SharedRegionError
 
 logger = logging.getLogger(__name__)
 

@@ -12,9 +12,9 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from jax_kvoffload.transfer._jobs import check_index
-from jax_kvoffload.transfer._pool_base import HostPool, HostPoolError
-from jax_kvoffload.transfer._strided import copy_rows
+from jax_kvoffload.hostmem._indices import check_index
+from jax_kvoffload.hostmem._pool_base import HostPool, HostPoolError
+from jax_kvoffload.hostmem._strided import copy_rows
 
 __all__ = ["HostChunkPool", "HostPoolError"]
 

@@ -15,8 +15,8 @@ from collections.abc import Mapping
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from jax_kvoffload.transfer._jobs import check_index
-from jax_kvoffload.transfer._pool_base import HostPool, HostPoolError
+from jax_kvoffload.hostmem._indices import check_index
+from jax_kvoffload.hostmem._pool_base import HostPool, HostPoolError
 
 __all__ = ["ChunkRowPool"]
 

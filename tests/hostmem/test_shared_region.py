@@ -15,9 +15,9 @@ import uuid
 import numpy as np
 import pytest
 
-from jax_kvoffload.transfer import SharedHostRegion, SharedRegionError, _shm_memfd, _shm_rendezvous
-from jax_kvoffload.transfer._shared_region import SharedRegionArgumentError, memfd_name
-from tests.transfer._forked import Forked, memfd_mappers, shm_entries
+from jax_kvoffload.hostmem import SharedHostRegion, SharedRegionError, _shm_memfd, _shm_rendezvous
+from jax_kvoffload.hostmem._shared_region import SharedRegionArgumentError, memfd_name
+from tests.hostmem._forked import Forked, memfd_mappers, shm_entries
 
 pytestmark = pytest.mark.skipif(
     _shm_memfd.unsupported() is not None, reason=str(_shm_memfd.unsupported())
@@ -258,6 +258,7 @@ def test_concurrent_attachers_share_one_memory():
 
 
 def _idle(conn):
+    conn.send("up")  # the fork hooks have run: the child dropped the inherited names
     conn.recv()
 
 
@@ -267,6 +268,7 @@ def test_a_forked_child_of_a_holder_does_not_keep_its_name():
     name = unique()
     region = SharedHostRegion(name, 4096, 2, rank=0)
     with Forked(_idle) as child:
+        child.recv()  # else, on a busy machine, the parent may rebind before they ran
         region.close()
         with SharedHostRegion(name, 4096, 2, rank=0, timeout=5) as fresh:
             assert fresh.created

@@ -31,8 +31,8 @@ import time
 
 import numpy as np
 
-from jax_kvoffload.transfer import _shm_memfd, _shm_rendezvous
-from jax_kvoffload.transfer._shm_errors import (
+from jax_kvoffload.hostmem import _shm_memfd, _shm_rendezvous
+from jax_kvoffload.hostmem._shm_errors import (
     ForeignPeerError,
     SharedRegionArgumentError,
     SharedRegionError,

@@ -32,7 +32,7 @@ import time
 import weakref
 from typing import NamedTuple
 
-from jax_kvoffload.transfer._shm_errors import ForeignPeerError, SharedRegionTimeoutError
+from jax_kvoffload.hostmem._shm_errors import ForeignPeerError, SharedRegionTimeoutError
 
 logger = logging.getLogger(__name__)
 
