@@ -12,8 +12,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from jax_kvoffload._offloader_checks import OffloaderError
 from jax_kvoffload.errors import KVOffloadTypeError
+from jax_kvoffload.offloader._checks import OffloaderError
 from jax_kvoffload.store import HostStore
 from jax_kvoffload.transfer import Direction, TransferEngine, TransferResult
 from jax_kvoffload.transfer.internals import check_index, deferred_interrupts

@@ -32,7 +32,12 @@ from typing import Any
 import jax
 import numpy as np
 
-from jax_kvoffload._offloader_checks import (
+from jax_kvoffload.assembly import engine_pages
+from jax_kvoffload.config import OffloadingConfig
+from jax_kvoffload.errors import KVOffloadStateError
+from jax_kvoffload.offloader._accounting import OffloaderAccounting
+from jax_kvoffload.offloader._cascade import TierPath, TierPathStats, prefix_chunks
+from jax_kvoffload.offloader._checks import (
     OffloaderError,
     as_group_caches,
     assemble,
@@ -42,13 +47,8 @@ from jax_kvoffload._offloader_checks import (
     check_hashes,
     check_timeout,
 )
-from jax_kvoffload._offloader_jobs import Job, JobBook
-from jax_kvoffload._offloader_loads import locate_missing, prepare_load
-from jax_kvoffload._offloader_stats import OffloaderAccounting
-from jax_kvoffload._offloader_tiers import TierPath, TierPathStats, prefix_chunks
-from jax_kvoffload.assembly import engine_pages
-from jax_kvoffload.config import OffloadingConfig
-from jax_kvoffload.errors import KVOffloadStateError
+from jax_kvoffload.offloader._job_book import Job, JobBook
+from jax_kvoffload.offloader._load_plan import locate_missing, prepare_load
 from jax_kvoffload.stats import OffloadStats, TierStats
 from jax_kvoffload.store import LookupResult, make_offload_key
 from jax_kvoffload.tiers import SecondaryTier, namespace_digest

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from jax_kvoffload._offloader_checks import OffloaderError
-from jax_kvoffload._offloader_tiers import TierPath
+from jax_kvoffload.offloader._cascade import TierPath
+from jax_kvoffload.offloader._checks import OffloaderError
 from jax_kvoffload.store import HostStore, LookupResult
 
 __all__ = ["locate_missing", "prepare_load"]
