@@ -8,10 +8,10 @@ and CLI (`tests/test_layering.py`). Users import `KVOffloader` from `jax_kvofflo
 """
 
 from jax_kvoffload.offloader._cascade import PromotionMissError as PromotionMissError
-from jax_kvoffload.offloader._cascade import TierPathStats as TierPathStats
 from jax_kvoffload.offloader._checks import OffloaderError as OffloaderError
 from jax_kvoffload.offloader._offloader import KVOffloader as KVOffloader
 from jax_kvoffload.offloader._offloader import OffloaderStateError as OffloaderStateError
+from jax_kvoffload.offloader._tier_stats import TierPathStats as TierPathStats
 
 __all__ = [
     "KVOffloader",

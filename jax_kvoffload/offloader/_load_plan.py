@@ -1,5 +1,5 @@
-"""The load side of `KVOffloader`'s tier path: which tier holds the keys a load lacks,
-and the chunks, pins and promotions of a load (kept apart to keep modules small).
+"""The plan of a `KVOffloader` load with secondary tiers: which tier holds the keys the
+host lacks, and the load's chunks, pins and promotions (through the tier path's queries).
 
 Both run on the offloader's caller thread, under its guard; `prepare_load` runs inside
 the offloader's deferred-interrupt block, so its pins and the job's record go together.
