@@ -32,6 +32,7 @@ from jax_kvoffload.config._frozen import thaw as thaw
 from jax_kvoffload.config._gates import Check as Check
 from jax_kvoffload.config._gates import Verdict as Verdict
 from jax_kvoffload.config._gates import spec_certifiable as spec_certifiable
+from jax_kvoffload.config._medium import Medium as Medium
 from jax_kvoffload.config._specs import iter_layer_specs as iter_layer_specs
 from jax_kvoffload.config._specs import kv_quant_mode_for as kv_quant_mode_for
 from jax_kvoffload.config._translate import Certification as Certification
@@ -54,6 +55,7 @@ __all__ = [
     "KVOffloadStateError",
     "KVOffloadTypeError",
     "KVOffloadValueError",
+    "Medium",
     "Verdict",
     "as_dtype",
     "certify",

@@ -11,8 +11,10 @@ import operator
 from collections.abc import Callable
 from typing import TypeVar
 
+from jax_kvoffload.config.internals import Medium
+
 from ._errors import StoreTypeError
-from ._events import Medium, OffloadingEvent
+from ._events import OffloadingEvent
 from ._keys import OffloadKey
 from ._state import StoreState
 from ._stats import StoreCounters, StoreStats
@@ -24,7 +26,7 @@ _counter_values = operator.attrgetter(*(f.name for f in dataclasses.fields(Store
 
 
 def _our_event(keys: tuple[OffloadKey, ...], removed: bool, metadata_only: bool) -> OffloadingEvent:
-    return OffloadingEvent(keys, Medium.CPU, removed, metadata_only)
+    return OffloadingEvent(keys, Medium.HOST, removed, metadata_only)
 
 
 class StoreReporting:
