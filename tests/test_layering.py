@@ -4,8 +4,9 @@
   others use, semi-public parts from its `internals` module).
 - `pallas_kernels` is standalone: it imports nothing of `jax_kvoffload`.
 - One-way layers: config at the bottom; errors and stats above it; store, tiers and
-  transfer above those and independent of each other; the offloader, assembly, bridge,
-  demo and CLI on top. A lower package never imports a higher one.
+  transfer above those and independent of each other; assembly above them; the
+  offloader package above assembly and below bridge, demo and CLI, which are on top.
+  A lower package never imports a higher one.
 """
 
 from __future__ import annotations
@@ -25,6 +26,19 @@ LOWER = {
     "store": {"config", "errors"},
     "tiers": {"config", "errors"},
     "transfer": {"config", "errors", "pallas_kernels"},
+    "assembly": {"config", "errors", "stats", "store", "tiers", "transfer", "hostmem"},
+    # KVOffloader: above the host tier's parts and their assembly, below bridge/demo/cli.
+    "offloader": {
+        "config",
+        "errors",
+        "stats",
+        "store",
+        "tiers",
+        "transfer",
+        "hostmem",
+        "assembly",
+        "pallas_kernels",
+    },
 }
 
 
@@ -112,3 +126,25 @@ def test_the_rules_see_a_breach(tmp_path):
     )
     assert len(_violations([bad], layer_breach)) == 2
     assert len(_violations([bad], private_import)) == 1
+
+
+def test_the_offloader_layer_sees_a_breach(tmp_path):
+    """The offloader package's rule can fail both ways: a planted offloader module
+    importing the bridge, or a planted store, tiers or transfer module importing the
+    offloader, is a breach each; the offloader reaching into transfer's private
+    `_engine` breaks the privacy rule."""
+    root = tmp_path / "jax_kvoffload"
+    up = root / "offloader" / "_bad.py"
+    up.parent.mkdir(parents=True)
+    up.write_text(
+        "from jax_kvoffload.bridge import vllm\nfrom jax_kvoffload.transfer._engine import X\n"
+    )
+    assert len(_violations([up], layer_breach)) == 1
+    assert len(_violations([up], private_import)) == 1
+    down = []
+    for pkg in ("store", "tiers", "transfer", "assembly"):
+        path = root / pkg / "_bad.py" if pkg != "assembly" else root / "assembly.py"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("from jax_kvoffload.offloader import KVOffloader\n")
+        down.append(path)
+    assert len(_violations(down, layer_breach)) == 4
