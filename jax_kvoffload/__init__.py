@@ -5,6 +5,7 @@ Subpackages:
   store     the scheduler-side host store (chunk bookkeeping, eviction, events).
   transfer  the worker-side transfer engine (gather/scatter kernels + device_put).
   hostmem   host memory: the pools the engine fills, the region workers share.
+  offloader KVOffloader: host tier + transfer engine + tier path, for JAX engines.
   bridge    torch (DLPack) and vLLM adapters; imports torch/vLLM lazily.
 
 `KVOffloader` (store + transfer in one object, for JAX serving stacks) and
@@ -14,14 +15,14 @@ Subpackages:
 from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["GroupCaches", "KVOffloader", "OffloaderError", "__version__"]
+__all__ = ["GroupCaches", "KVOffloader", "OffloaderError", "OffloaderStateError", "__version__"]
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("KVOffloader", "OffloaderError"):
-        from jax_kvoffload import _offloader
+    if name in ("KVOffloader", "OffloaderError", "OffloaderStateError"):
+        from jax_kvoffload import offloader
 
-        return getattr(_offloader, name)
+        return getattr(offloader, name)
     if name == "GroupCaches":
         from jax_kvoffload.transfer import GroupCaches
 

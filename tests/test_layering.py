@@ -6,7 +6,8 @@
 - One-way layers: config and the helpers (`_log_once`, `_threads`) at the bottom;
   errors and stats above config; store, tiers and hostmem above those and independent
   of each other; transfer above hostmem (it moves bytes into hostmem's pools) and
-  independent of store and tiers; the offloader, assembly, bridge, demo and CLI on top.
+  independent of store and tiers; assembly above them; the offloader package above
+  assembly and below bridge, demo and CLI, which are on top.
   A lower package never imports a higher one.
 """
 
@@ -32,6 +33,20 @@ LOWER = {
     "tiers": {"config", "errors", *HELPERS},
     "hostmem": {"config", "errors", *HELPERS},
     "transfer": {"config", "errors", "hostmem", "pallas_kernels", *HELPERS},
+    "assembly": {"config", "errors", "stats", "store", "tiers", "transfer", "hostmem", *HELPERS},
+    # KVOffloader: above the host tier's parts and their assembly, below bridge/demo/cli.
+    "offloader": {
+        "config",
+        "errors",
+        "stats",
+        "store",
+        "tiers",
+        "transfer",
+        "hostmem",
+        "assembly",
+        "pallas_kernels",
+        *HELPERS,
+    },
 }
 
 
@@ -148,3 +163,25 @@ def test_hostmem_sits_below_transfer(tmp_path):
     )
     assert _violations([good], layer_breach) == []
     assert _violations([good], private_import) == []
+
+
+def test_the_offloader_layer_sees_a_breach(tmp_path):
+    """The offloader package's rule can fail both ways: a planted offloader module
+    importing the bridge, or a planted store, tiers or transfer module importing the
+    offloader, is a breach each; the offloader reaching into transfer's private
+    `_engine` breaks the privacy rule."""
+    root = tmp_path / "jax_kvoffload"
+    up = root / "offloader" / "_bad.py"
+    up.parent.mkdir(parents=True)
+    up.write_text(
+        "from jax_kvoffload.bridge import vllm\nfrom jax_kvoffload.transfer._engine import X\n"
+    )
+    assert len(_violations([up], layer_breach)) == 1
+    assert len(_violations([up], private_import)) == 1
+    down = []
+    for pkg in ("store", "tiers", "transfer", "assembly"):
+        path = root / pkg / "_bad.py" if pkg != "assembly" else root / "assembly.py"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("from jax_kvoffload.offloader import KVOffloader\n")
+        down.append(path)
+    assert len(_violations(down, layer_breach)) == 4

@@ -34,6 +34,7 @@ from jax_kvoffload.config._gates import Check as Check
 from jax_kvoffload.config._gates import Verdict as Verdict
 from jax_kvoffload.config._gates import spec_certifiable as spec_certifiable
 from jax_kvoffload.config._host_tier import HOST_POOLS as HOST_POOLS
+from jax_kvoffload.config._medium import Medium as Medium
 from jax_kvoffload.config._specs import iter_layer_specs as iter_layer_specs
 from jax_kvoffload.config._specs import kv_quant_mode_for as kv_quant_mode_for
 from jax_kvoffload.config._tier_kinds import TierKind as TierKind
@@ -70,6 +71,7 @@ __all__ = [
     "KVOffloadStateError",
     "KVOffloadTypeError",
     "KVOffloadValueError",
+    "Medium",
     "TierKind",
     "TierOptions",
     "Verdict",

@@ -5,6 +5,8 @@ KV bytes (the transfer engine does) and imports neither jax nor torch. See
 docs/store.md for the call protocol.
 """
 
+from jax_kvoffload.config.internals import Medium as Medium
+
 from ._access import RequestFinishedError as RequestFinishedError
 from ._arc import ARCPolicy as ARCPolicy
 from ._capacity import HOST_PAGE_SIZE as HOST_PAGE_SIZE
@@ -23,7 +25,6 @@ from ._errors import PolicyImportError as PolicyImportError
 from ._errors import StoreError as StoreError
 from ._errors import StoreTypeError as StoreTypeError
 from ._errors import UnknownPolicyError as UnknownPolicyError
-from ._events import Medium as Medium
 from ._events import OffloadingEvent as OffloadingEvent
 from ._keys import OffloadKey as OffloadKey
 from ._keys import get_offload_block_hash as get_offload_block_hash

@@ -2,19 +2,13 @@
 
 from __future__ import annotations
 
-import enum
 from typing import NamedTuple
+
+from jax_kvoffload.config.internals import Medium
 
 from ._keys import OffloadKey
 
-__all__ = ["Medium", "OffloadingEvent"]
-
-
-class Medium(enum.Enum):
-    """Where the chunks of an event live (vLLM ``Medium``; ``CPU`` is host memory)."""
-
-    CPU = "CPU"
-    STORAGE = "STORAGE"
+__all__ = ["OffloadingEvent"]
 
 
 class OffloadingEvent(NamedTuple):
@@ -25,7 +19,9 @@ class OffloadingEvent(NamedTuple):
 
     Attributes:
       keys: The keys, in the order the manager processed them.
-      medium: The tier's medium; the host store always reports ``Medium.CPU``.
+      medium: The tier's medium (``jax_kvoffload.config.internals.Medium``, re-exported
+        as ``store.Medium``); the host store always reports ``Medium.CPU`` (vLLM's name
+        for ``Medium.HOST``).
       removed: False for "these keys became readable" (a completed store), True for
         "these keys left the tier" (an eviction or a failed store).
       metadata_only: True only for removals after a failed store: the keys were
@@ -35,6 +31,6 @@ class OffloadingEvent(NamedTuple):
     """
 
     keys: tuple[OffloadKey, ...]
-    medium: Medium = Medium.CPU
+    medium: Medium = Medium.HOST
     removed: bool = False
     metadata_only: bool = False

@@ -1,7 +1,7 @@
 """The load path of the host store: pinning chunks for reads and releasing them.
 
-`LoadPath` is a mixin of `HostStore` (kept apart to keep modules small); it uses the
-store's attributes named in its annotations.
+`HostStore` owns one `LoadPath` and delegates ``prepare_load`` / ``complete_load`` to
+it; the path is given the store's policy and its shared `StoreState` when built.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from ._context import AbstractRequestContext, check_context
 from ._errors import KeyNotReadyError, KeyNotStoredError, StoreError
 from ._keys import OffloadKey, check_keys
 from ._policy_base import AbstractEvictionPolicy, ChunkStatus
+from ._state import StoreState
 
 __all__ = ["LoadPath"]
 
@@ -40,13 +41,21 @@ def _not_unpinnable(key: OffloadKey, chunk: ChunkStatus | None, keys: list) -> S
 
 
 class LoadPath:
-    """``prepare_load`` / ``complete_load`` of ``HostStore`` (vLLM's ``cpu/manager.py``)."""
+    """``prepare_load`` / ``complete_load`` of ``HostStore`` (vLLM's ``cpu/manager.py``).
 
-    _get: object
-    _batched: bool
-    _policy: AbstractEvictionPolicy
-    _num_evictable: int
-    _generation: int
+    Args:
+      policy: The store's eviction policy (told which chunks stop and start being
+        evictable).
+      batched: Whether ``policy`` takes batches (``BatchHooks``); otherwise it gets
+        vLLM's per-key hook calls, in vLLM's order.
+      state: The store's chunk accounting (``num_evictable``, ``generation``).
+    """
+
+    def __init__(self, policy: AbstractEvictionPolicy, batched: bool, state: StoreState) -> None:
+        self._policy = policy
+        self._get = policy.get
+        self._batched = batched
+        self._state = state
 
     def prepare_load(
         self, keys: Sequence[OffloadKey], ctx: AbstractRequestContext | None = None
@@ -80,7 +89,7 @@ class LoadPath:
                 chunks.append(chunk)
             state = None
             if ctx is not None:
-                state = access_state(ctx, self, self._generation)
+                state = access_state(ctx, self._state, self._state.generation)
                 try:
                     state.check_open(keys, ctx)
                 except RequestFinishedError:
@@ -88,7 +97,7 @@ class LoadPath:
                         done.ref_cnt -= 1
                     raise
             if pinned:
-                self._num_evictable -= len(pinned)
+                self._state.num_evictable -= len(pinned)
                 self._policy.mark_non_evictable_many(pinned)  # type: ignore[attr-defined]
         else:
             for key in keys:
@@ -98,14 +107,14 @@ class LoadPath:
                 chunks.append(chunk)
             state = None
             if ctx is not None:
-                state = access_state(ctx, self, self._generation)
+                state = access_state(ctx, self._state, self._state.generation)
                 state.check_open(keys, ctx)
             # vLLM's order: each key's hook right before its ref count changes.
             mark_non_evictable = self._policy.mark_non_evictable
             for key, chunk in zip(keys, chunks, strict=True):
                 if chunk.ref_cnt == 0:
                     mark_non_evictable(key)
-                    self._num_evictable -= 1
+                    self._state.num_evictable -= 1
                 chunk.ref_cnt += 1
         if state is not None:
             state.record(keys, self._policy, ctx)
@@ -140,7 +149,7 @@ class LoadPath:
                     released.append(key)
                 chunks.append(chunk)
             if released:
-                self._num_evictable += len(released)
+                self._state.num_evictable += len(released)
                 self._policy.mark_evictable_many(released)  # type: ignore[attr-defined]
             return
         needed: dict[OffloadKey, int] = {}
@@ -155,5 +164,5 @@ class LoadPath:
         for key, chunk in zip(keys, chunks, strict=True):
             chunk.ref_cnt -= 1
             if chunk.ref_cnt == 0:
-                self._num_evictable += 1
+                self._state.num_evictable += 1
                 mark_evictable(key)

@@ -1,7 +1,7 @@
 """What the host store reports: its recorded events, counters and usage statistics.
 
-`StoreReporting` is a mixin of `HostStore` (kept apart to keep modules small); it uses
-the store's attributes named in its annotations.
+`HostStore` owns one `StoreReporting` and delegates ``take_events``, ``counters`` and
+``get_stats`` to it; it is given what it reads when built.
 """
 
 from __future__ import annotations
@@ -11,11 +11,13 @@ import operator
 from collections.abc import Callable
 from typing import TypeVar
 
+from jax_kvoffload.config.internals import Medium
+
 from ._errors import StoreTypeError
-from ._events import Medium, OffloadingEvent
+from ._events import OffloadingEvent
 from ._keys import OffloadKey
+from ._state import StoreState
 from ._stats import StoreCounters, StoreStats
-from ._tracker import ReuseTracker
 
 __all__ = ["StoreReporting"]
 
@@ -24,23 +26,32 @@ _counter_values = operator.attrgetter(*(f.name for f in dataclasses.fields(Store
 
 
 def _our_event(keys: tuple[OffloadKey, ...], removed: bool, metadata_only: bool) -> OffloadingEvent:
-    return OffloadingEvent(keys, Medium.CPU, removed, metadata_only)
+    return OffloadingEvent(keys, Medium.HOST, removed, metadata_only)
 
 
 class StoreReporting:
-    """``take_events`` / ``counters`` / ``get_stats`` of ``HostStore``."""
+    """``take_events`` / ``counters`` / ``get_stats`` of ``HostStore``.
 
-    _get: Callable[[OffloadKey], object]
-    _counters: StoreCounters
-    _events: list[tuple[tuple[OffloadKey, ...], bool, bool]] | None
-    _tracker: ReuseTracker | None
-    _num_chunks: int
-    _num_allocated: int
-    _free_list: list[int]
-    _num_evictable: int
-    _num_write_pending: int
-    _allocation_sizes: list[int]
-    _stores_skipped: int
+    Args:
+      get: The policy's ``get`` (a failed store's removal drops re-allocated keys).
+      counters: The store's cumulative counters (read, never reset).
+      state: The store's chunk accounting and the records drained here (events,
+        allocation sizes, skipped stores).
+      counts_skips: Whether a store threshold is set (``stores_skipped`` is None
+        without one, as in vLLM).
+    """
+
+    def __init__(
+        self,
+        get: Callable[[OffloadKey], object],
+        counters: StoreCounters,
+        state: StoreState,
+        counts_skips: bool,
+    ) -> None:
+        self._get = get
+        self._counters = counters
+        self._state = state
+        self._counts_skips = counts_skips
 
     def take_events(
         self, make_event: Callable[[tuple[OffloadKey, ...], bool, bool], _E] | None = None
@@ -59,9 +70,10 @@ class StoreReporting:
                 f"make_event must be callable (keys, removed, metadata_only) -> event, "
                 f"got {make_event!r}."
             )
-        if not self._events:
+        state = self._state
+        if not state.events:
             return []
-        events, self._events = self._events, []
+        events, state.events = state.events, []
         if make_event is None:
             make_event = _our_event  # type: ignore[assignment]
         get = self._get
@@ -82,18 +94,19 @@ class StoreReporting:
 
     def get_stats(self) -> StoreStats:
         """Returns the usage gauges and counters, and drains the per-interval values."""
-        num_chunks = self._num_chunks
-        occupied = self._num_allocated - len(self._free_list)
+        state = self._state
+        num_chunks = state.num_chunks
+        occupied = state.num_allocated - len(state.free_list)
         if num_chunks > 0:
-            usage = (occupied - self._num_evictable) / num_chunks
-            write_usage = self._num_write_pending / num_chunks
+            usage = (occupied - state.num_evictable) / num_chunks
+            write_usage = state.num_write_pending / num_chunks
             occupancy = occupied / num_chunks
         else:
             usage = write_usage = occupancy = 0.0
-        sizes, self._allocation_sizes = tuple(self._allocation_sizes), []
+        sizes, state.allocation_sizes = tuple(state.allocation_sizes), []
         skipped = None
-        if self._tracker is not None:
-            skipped, self._stores_skipped = self._stores_skipped, 0
+        if self._counts_skips:
+            skipped, state.stores_skipped = state.stores_skipped, 0
         return StoreStats(
             cpu_cache_usage_perc=usage,
             cpu_cache_write_usage_perc=write_usage,

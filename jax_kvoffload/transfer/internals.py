@@ -1,6 +1,6 @@
 """The transfer package's parts shared with the rest of this library: semi-public.
 
-`KVOffloader` (jax_kvoffload/_offloader.py) checks its arguments and guards its calls
+`KVOffloader` (jax_kvoffload/offloader/) checks its arguments and guards its calls
 with the same helpers the engine uses; it imports them from here so that no package of
 ours reaches into another's private `_modules`. Stable within a release; not user API.
 """

@@ -19,7 +19,7 @@ from jax.sharding import PartitionSpec as P
 
 import pallas_kernels as pk
 from jax_kvoffload import GroupCaches, KVOffloader
-from tests.test_offloader import BS, NB, D, config
+from tests.offloader.test_offloader import BS, NB, D, config
 
 H = 4  # KV heads in total, 2 per rank of the TP=2 config
 

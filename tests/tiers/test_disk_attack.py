@@ -100,7 +100,7 @@ def test_a_truncated_entry_is_still_removed(tmp_path):
 
 
 def test_the_offloader_reads_a_size_error_as_misses():
-    from jax_kvoffload._offloader_tiers import _job_result
+    from jax_kvoffload.offloader._cascade import _job_result
     from jax_kvoffload.tiers import TierJobResult
 
     result = TierJobResult("load", (b"a" * 8, b"b" * 8), (True, False))
@@ -117,7 +117,7 @@ def test_size_errors_read_by_the_offloader_cost_no_memory_and_one_warning(caplog
     import logging
     import tracemalloc
 
-    from jax_kvoffload import _offloader_tiers
+    from jax_kvoffload.offloader import _cascade
     from jax_kvoffload.tiers import TierJobResult
 
     def failed() -> cf.Future:
@@ -127,23 +127,23 @@ def test_size_errors_read_by_the_offloader_cost_no_memory_and_one_warning(caplog
         future.set_exception(err)
         return future
 
-    _offloader_tiers._job_result(failed())  # the first may warn (or a test before did)
+    _cascade._job_result(failed())  # the first may warn (or a test before did)
     tracemalloc.start()
     try:
         before = tracemalloc.take_snapshot()
         for _ in range(40_000):
-            _offloader_tiers._job_result(failed())
+            _cascade._job_result(failed())
         after = tracemalloc.take_snapshot()
     finally:
         tracemalloc.stop()
-    where = [tracemalloc.Filter(True, _offloader_tiers.__file__)]
+    where = [tracemalloc.Filter(True, _cascade.__file__)]
     grown = sum(s.size_diff for s in after.filter_traces(where).compare_to(
         before.filter_traces(where), "filename"))  # fmt: skip
     assert grown < 64 * 1024, f"{grown} bytes kept by 40,000 size errors"
     caplog.clear()
-    caplog.set_level(logging.DEBUG, logger=_offloader_tiers.__name__)
+    caplog.set_level(logging.DEBUG, logger=_cascade.__name__)
     for _ in range(5):  # the later ones at DEBUG
-        _offloader_tiers._job_result(failed())
+        _cascade._job_result(failed())
     levels = [r.levelno for r in caplog.records if "buffer has" in r.getMessage()]
     assert levels == [logging.DEBUG] * 5
 

@@ -23,12 +23,17 @@ class OffloaderAccounting:
       store: the offloader's `HostStore` (read, never drained).
       tokens_per_block: group id -> tokens one block of the group spans.
       blocks_per_chunk: blocks per chunk.
-
-    Attributes:
-      tiers: returns the secondary tiers' `TierStats`, or None without tiers.
+      tiers: returns the secondary tiers' `TierStats` (the tier path's `summary`), or
+        None without tiers.
     """
 
-    def __init__(self, store: object, tokens_per_block: Mapping[int, int], blocks_per_chunk: int):
+    def __init__(
+        self,
+        store: object,
+        tokens_per_block: Mapping[int, int],
+        blocks_per_chunk: int,
+        tiers: TierSource | None = None,
+    ) -> None:
         self._store = store
         self._tokens_per_block = dict(tokens_per_block)
         self._bpc = blocks_per_chunk
@@ -37,7 +42,7 @@ class OffloaderAccounting:
         self._prefix_lookups = 0
         self._prefix_hit_tokens = 0
         self.transfers = TransferTally()
-        self.tiers: TierSource | None = None
+        self._tiers = tiers
 
     def on_lookup(self, group: int, hit_chunks: int, prefix_blocks: int) -> None:
         """One `lookup` call: `hit_chunks` chunks answered HIT, `prefix_blocks` returned."""
@@ -59,7 +64,7 @@ class OffloaderAccounting:
                 self._prefix_hit_tokens,
             )
         store, load = self.transfers.totals()
-        tiers = self.tiers() if self.tiers is not None else ()
+        tiers = self._tiers() if self._tiers is not None else ()
         return OffloadStats(
             **store_side(self._store, hit_tokens, tiers),
             prefix_lookups=calls,

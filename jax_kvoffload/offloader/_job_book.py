@@ -1,25 +1,30 @@
 """The job book of `KVOffloader`: every job id it hands out, until reported once.
 
-A mixin (kept apart to keep modules small); it uses the offloader's attributes named in
-its annotations. Runs on the caller's thread, under the offloader's guard.
+The offloader owns one; the book is given, when built, the parts a job's end touches:
+the host store (its keys are recorded there), the transfer engine (is a job still in
+it?), the tier path (a completed store cascades; a load that waited for promotions
+takes the keys they pinned for it) and the accounting (each reported job is counted).
+Runs on the caller's thread, under the offloader's guard.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
-from jax_kvoffload._offloader_checks import OffloaderError
 from jax_kvoffload.errors import KVOffloadTypeError
 from jax_kvoffload.hostmem.internals import check_index
+from jax_kvoffload.offloader._accounting import OffloaderAccounting
+from jax_kvoffload.offloader._cascade import TierPath
+from jax_kvoffload.offloader._checks import OffloaderError
 from jax_kvoffload.store import HostStore
 from jax_kvoffload.transfer import Direction, TransferEngine, TransferResult
 from jax_kvoffload.transfer.internals import deferred_interrupts
 
-__all__ = ["JobBook"]
+__all__ = ["Job", "JobBook"]
 
 logger = logging.getLogger(__name__)
 
@@ -36,17 +41,51 @@ class Job:
 
 
 class JobBook:
-    """Records jobs, settles their results with the store, hands them out once."""
+    """Records jobs, settles their results with the store, hands them out once.
 
-    _store: HostStore
-    _engine: TransferEngine
-    _tiers: Any  # TierPath | None
-    _jobs: dict[int, Job]
-    _unsettled: deque[TransferResult]
-    _ready: dict[int, TransferResult]
-    _ids: Any
+    Args:
+      store: the host store the jobs' keys belong to.
+      engine: the transfer engine that runs the jobs.
+      tiers: the tier path, or None without secondary tiers.
+      accounting: counts every job that ends.
+    """
 
-    def _check_wait_ids(self, job_ids: object) -> list[int]:
+    def __init__(
+        self,
+        store: HostStore,
+        engine: TransferEngine,
+        tiers: TierPath | None,
+        accounting: OffloaderAccounting,
+    ) -> None:
+        self._store = store
+        self._engine = engine
+        self._tiers = tiers
+        self._accounting = accounting
+        self._jobs: dict[int, Job] = {}  # in flight (engine) or unsettled
+        self._unsettled: deque[TransferResult] = deque()  # ended, store not yet told
+        self._ready: dict[int, TransferResult] = {}  # settled, not yet returned
+        self._ids = itertools.count(1)
+
+    # -- queries --------------------------------------------------------------------------
+
+    @property
+    def has_unsettled(self) -> bool:
+        """Whether results wait for the store to be told (an interrupted settle)."""
+        return bool(self._unsettled)
+
+    def in_engine(self, ids: list[int] | None) -> list[int]:
+        """Of `ids` (None: every job), those the engine has not reported yet."""
+        waiting = {r.job_id for r in self._unsettled}
+        jobs = [i for i in (self._jobs if ids is None else ids) if i in self._jobs]
+        return [i for i in jobs if i not in waiting]
+
+    def all_in_generation(self, generation: int) -> bool:
+        """Whether every job not yet settled was started in `generation` (none from
+        before a reset is left)."""
+        return all(j.generation == generation for j in self._jobs.values())
+
+    def check_wait_ids(self, job_ids: object) -> list[int]:
+        """`job_ids` as a list, if each is a job not yet reported, listed once."""
         if isinstance(job_ids, (str, bytes)) or not isinstance(job_ids, Iterable):
             raise KVOffloadTypeError(
                 f"job_ids must be an iterable of job ids, got {type(job_ids).__name__}"
@@ -67,12 +106,16 @@ class JobBook:
         job = self._jobs.get(job_id)
         return job is not None and job.visible
 
-    def _record(self, direction: Direction, g: int, keys: list[bytes]) -> int:
+    # -- a job's life ---------------------------------------------------------------------
+
+    def record(self, direction: Direction, g: int, keys: list[bytes], waits: Sequence = ()) -> int:
+        """A new job of `keys` (a store's, or a load's pinned keys); `waits`: a load's
+        promotions, as (tier job, keys) pairs. Returns its id."""
         job = next(self._ids)
-        self._jobs[job] = Job(direction, g, keys, self._store.cache_generation)
+        self._jobs[job] = Job(direction, g, keys, self._store.cache_generation, waits=list(waits))
         return job
 
-    def _abandon(self, job: int) -> None:
+    def abandon(self, job: int) -> None:
         """Undoes a job whose `store` / `load` call raised: the caller never got its id."""
         with deferred_interrupts():
             record = self._jobs[job]
@@ -86,13 +129,12 @@ class JobBook:
             self._release(record, success=False, job_id=job)
             del self._jobs[job]
 
-    def _release(self, record: Job, success: bool, job_id: int | None = None) -> None:
+    def _release(self, record: Job, success: bool, job_id: int) -> None:
         """Tells the store a job's keys are done with (unless a reset forgot them); a
         stored chunk then cascades to the tiers."""
         if record.waits:
             self._tiers.process([j for j, _ in record.waits])  # pins the keys it waited for
-            if job_id is not None:
-                self._tiers.release_holder(job_id)
+            record.keys.extend(self._tiers.release_load(job_id))
         if record.generation != self._store.cache_generation or record.released:
             return
         if record.direction is Direction.STORE:
@@ -104,11 +146,7 @@ class JobBook:
             self._store.complete_load(record.keys)
             record.released = True
 
-    def _pin(self, job_id: int, keys: list[bytes]) -> None:
-        """A promotion load `job_id` waited for pinned `keys` for it."""
-        self._jobs[job_id].keys.extend(keys)
-
-    def _settle(self, results: list[TransferResult]) -> None:
+    def settle(self, results: list[TransferResult]) -> None:
         """Records ended jobs in the store, then queues the visible ones for the caller.
 
         Results wait in `_unsettled` until the store has been told: if that is
@@ -124,11 +162,12 @@ class JobBook:
                 logger.exception("recording job %d in the host store failed", result.job_id)
             self._unsettled.popleft()
             del self._jobs[result.job_id]
-            self._stats.on_job(record.direction is Direction.STORE, result)
+            self._accounting.on_job(record.direction is Direction.STORE, result)
             if record.visible:
                 self._ready[result.job_id] = result
 
-    def _take_ready(self, ids: list[int] | None) -> list[TransferResult]:
+    def take_ready(self, ids: list[int] | None) -> list[TransferResult]:
+        """The settled results of `ids` (None: all), handed out once."""
         if ids is None:
             out = list(self._ready.values())
             self._ready.clear()

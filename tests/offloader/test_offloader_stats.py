@@ -1,6 +1,6 @@
 """`KVOffloader.stats()`: every field equals what a narrated scenario implies.
 
-Sizes (tests/test_offloader.py): 4 tokens per block, 2 blocks per chunk, 256 bytes per
+Sizes (tests/offloader/test_offloader.py): 4 tokens per block, 2 blocks per chunk, 256 bytes per
 block, so a chunk is 8 tokens and 512 bytes.
 """
 
@@ -14,7 +14,7 @@ import time
 import pytest
 
 from jax_kvoffload.stats import OffloadStats, TierStats, TransferTotals
-from tests.test_offloader import BLOCK_BYTES, BS, config, hashes, offloader
+from tests.offloader.test_offloader import BLOCK_BYTES, BS, config, hashes, offloader
 
 CHUNK_BYTES = 2 * BLOCK_BYTES
 CHUNK_TOKENS = 2 * BS

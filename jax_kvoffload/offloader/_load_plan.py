@@ -1,5 +1,5 @@
-"""The load side of `KVOffloader`'s tier path: which tier holds the keys a load lacks,
-and the chunks, pins and promotions of a load (kept apart to keep modules small).
+"""The plan of a `KVOffloader` load with secondary tiers: which tier holds the keys the
+host lacks, and the load's chunks, pins and promotions (through the tier path's queries).
 
 Both run on the offloader's caller thread, under its guard; `prepare_load` runs inside
 the offloader's deferred-interrupt block, so its pins and the job's record go together.
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from jax_kvoffload._offloader_checks import OffloaderError
-from jax_kvoffload._offloader_tiers import TierPath
+from jax_kvoffload.offloader._cascade import TierPath
+from jax_kvoffload.offloader._checks import OffloaderError
 from jax_kvoffload.store import HostStore, LookupResult
 
 __all__ = ["locate_missing", "prepare_load"]

@@ -28,16 +28,17 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from concurrent.futures import wait as wait_futures
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
+from jax_kvoffload._log_once import log_once
 from jax_kvoffload.errors import KVOffloadStateError
 from jax_kvoffload.hostmem import HostPool
+from jax_kvoffload.offloader._tier_stats import TierCounts
 from jax_kvoffload.store import HostStore, LookupResult
 from jax_kvoffload.tiers import SecondaryTier, TierBufferSizeError, TierJobResult
-from jax_kvoffload.transfer import Medium, TransferPath
 from jax_kvoffload.transfer.internals import deferred_interrupts
 
-__all__ = ["PromotionMissError", "TierPath", "TierPathStats", "prefix_chunks"]
+__all__ = ["PromotionMissError", "TierPath", "prefix_chunks"]
 
 logger = logging.getLogger(__name__)
 
@@ -46,45 +47,6 @@ _DRAIN_STEP_S = 0.1  # drain in short waits: an interrupt is seen between them
 
 class PromotionMissError(KVOffloadStateError):
     """A key a load waited for missed its promotion (the load job fails: recompute)."""
-
-
-@dataclass(frozen=True)
-class TierPathStats:
-    """Counters of one tier as seen from the offloader (since it was built).
-
-    Keys are chunks (one offload key each); bytes are payload bytes; seconds are the
-    summed wall time of the tier's jobs from submission to completion.
-
-    Attributes:
-      tier: the tier's index in `secondary_tiers`; medium: "disk" or "remote".
-      cascade_path / promotion_path: e.g. "host->disk" / "disk->host".
-      cascaded: keys stored in the tier; cascade_dropped: keys the tier refused
-        (backpressure, server down); cascade_failed: keys whose store failed.
-      promoted: keys loaded into host chunks; promotion_failed: keys that missed or
-        failed a check on the way (their host chunks were freed).
-      promotion_no_room: promotions refused because the host store had no free or
-        evictable chunk.
-      lookups / lookup_hits: keys asked for, and found.
-    """
-
-    tier: int
-    medium: str
-    cascade_path: str
-    promotion_path: str
-    cascade_jobs: int = 0
-    cascaded: int = 0
-    cascade_dropped: int = 0
-    cascade_failed: int = 0
-    cascade_bytes: int = 0
-    cascade_seconds: float = 0.0
-    promotion_jobs: int = 0
-    promoted: int = 0
-    promotion_failed: int = 0
-    promotion_no_room: int = 0
-    promotion_bytes: int = 0
-    promotion_seconds: float = 0.0
-    lookups: int = 0
-    lookup_hits: int = 0
 
 
 @dataclass
@@ -108,45 +70,23 @@ class TierPath:
     Args:
       tiers: the tiers, in lookup order (the first holding a key serves it).
       store, pool: the host tier (the offloader's).
-      pin: called with (load job id, keys) when a promotion a load waits for has made
-        its keys readable and pinned them for that load (the offloader records them).
+
+    A promotion that a load waits for pins its keys for that load when it has made them
+    readable; `release_load` hands those keys to the load's owner when the load ends.
     """
 
-    def __init__(
-        self,
-        tiers: Sequence[SecondaryTier],
-        store: HostStore,
-        pool: HostPool,
-        pin: Callable[[int, list[bytes]], None],
-    ) -> None:
+    def __init__(self, tiers: Sequence[SecondaryTier], store: HostStore, pool: HostPool) -> None:
         self.tiers = tuple(tiers)
         self._store = store
         self._pool = pool
-        self._pin = pin
         self._jobs: list[_TierJob] = []
+        self._pinned: dict[int, list[bytes]] = {}  # load id -> keys promotions pinned for it
         self._pending: dict[bytes, _TierJob] = {}  # key -> its promotion in flight
         self._held_until: Callable[[], bool] | None = None
         self._orphans: list[tuple[int, str, list[bytes]]] = []  # (generation, kind, keys)
-        self._counts = [
-            {f.name: 0 for f in fields(TierPathStats) if f.default == 0} for _ in self.tiers
-        ]
+        self.counts = TierCounts([tier.medium for tier in self.tiers])
 
     # -- queries ------------------------------------------------------------------------
-
-    def stats(self) -> tuple[TierPathStats, ...]:
-        out = []
-        for i, tier in enumerate(self.tiers):
-            medium = Medium(tier.medium)
-            out.append(
-                TierPathStats(
-                    tier=i,
-                    medium=medium.value,
-                    cascade_path=str(TransferPath(Medium.HOST, medium)),
-                    promotion_path=str(TransferPath(medium, Medium.HOST)),
-                    **self._counts[i],
-                )
-            )
-        return tuple(out)
 
     @property
     def in_flight(self) -> int:
@@ -189,8 +129,8 @@ class TierPath:
             except Exception:  # a tier that cannot answer has nothing (logged)
                 logger.exception("secondary tier %d: lookup failed", t)
                 found = [False] * len(todo)
-            self._counts[t]["lookups"] += len(todo)
-            self._counts[t]["lookup_hits"] += sum(found)
+            self.counts.add(t, "lookups", len(todo))
+            self.counts.add(t, "lookup_hits", sum(found))
             for i, hit in zip(todo, found, strict=True):
                 if hit:
                     where[i] = t
@@ -253,7 +193,7 @@ class TierPath:
                     items = list(zip(keys, rows, strict=True))
                     future = tier.submit_store(items)
                 except BaseException as exc:
-                    self._counts[t]["cascade_failed"] += len(keys)
+                    self.counts.add(t, "cascade_failed", len(keys))
                     self._orphans.append((store.cache_generation, "unpin", keys))
                     self._settle_orphans()  # no job: no pins either
                     if not isinstance(exc, Exception):
@@ -263,7 +203,7 @@ class TierPath:
                 self._jobs.append(
                     _TierJob(t, group, keys, store.cache_generation, future, promotion=False)
                 )
-                self._counts[t]["cascade_jobs"] += 1
+                self.counts.add(t, "cascade_jobs", 1)
 
     # -- promotions -----------------------------------------------------------------------
 
@@ -288,7 +228,7 @@ class TierPath:
             out = store.prepare_store([*protect, *keys])
             if out is None:  # no room: these keys stay where they are
                 for t in set(tier_of):
-                    self._counts[t]["promotion_no_room"] += sum(1 for x in tier_of if x == t)
+                    self.counts.add(t, "promotion_no_room", sum(1 for x in tier_of if x == t))
                 return []
             chunk_of = dict(zip(out.keys_to_store, out.chunk_ids, strict=True))
             unsent = dict.fromkeys(out.keys_to_store)  # allocated, not yet with a tier
@@ -316,13 +256,13 @@ class TierPath:
             future = self.tiers[t].submit_load(items)
         except Exception:
             store.complete_store(keys, success=False)
-            self._counts[t]["promotion_failed"] += len(keys)
+            self.counts.add(t, "promotion_failed", len(keys))
             logger.exception("secondary tier %d: promotion of %d keys failed", t, len(keys))
             return []
         job = _TierJob(t, group, keys, store.cache_generation, future, promotion=True)
         job.chunks = {k: chunk_of[k] for k in keys}
         self._jobs.append(job)
-        self._counts[t]["promotion_jobs"] += 1
+        self.counts.add(t, "promotion_jobs", 1)
         for k in keys:
             self._pending[k] = job
         return list(keys)
@@ -331,10 +271,12 @@ class TierPath:
         """Load `load_id` waits for `keys` of promotion `job` (pinned for it at the end)."""
         job.holders.setdefault(load_id, []).extend(keys)
 
-    def release_holder(self, load_id: int) -> None:
-        """Load `load_id` ended before its promotions: they no longer pin for it."""
+    def release_load(self, load_id: int) -> list[bytes]:
+        """Load `load_id` ended: promotions still in flight no longer pin for it.
+        Returns the keys they pinned for it (the caller unpins them with its own)."""
         for job in self._jobs:
             job.holders.pop(load_id, None)
+        return self._pinned.pop(load_id, [])
 
     @staticmethod
     def check_loaded(jobs: Sequence[tuple[_TierJob, list[bytes]]]) -> None:
@@ -405,7 +347,7 @@ class TierPath:
         good = [k for k in job.keys if ok.get(k)]
         bad = [k for k in job.keys if not ok.get(k)]
         if "counted" not in job.steps:
-            self._count(job, result, len(good), len(bad))
+            self.counts.job_ended(job.tier, job.promotion, result, len(good), len(bad))
             job.steps.add("counted")
         if not job.promotion:
             if current and "unpinned" not in job.steps:
@@ -427,24 +369,8 @@ class TierPath:
             mine = [k for k in keys if ok.get(k)]
             if mine:
                 self._store.prepare_load(mine)
-                self._pin(load_id, mine)
+                self._pinned.setdefault(load_id, []).extend(mine)
             del job.holders[load_id]
-
-    def _count(self, job: _TierJob, result: TierJobResult, good: int, bad: int) -> None:
-        counts = self._counts[job.tier]
-        if not job.promotion:
-            if result.dropped:
-                counts["cascade_dropped"] += len(job.keys)
-            else:
-                counts["cascaded"] += good
-                counts["cascade_failed"] += bad
-            counts["cascade_bytes"] += result.nbytes
-            counts["cascade_seconds"] += result.seconds
-            return
-        counts["promoted"] += good
-        counts["promotion_failed"] += bad
-        counts["promotion_bytes"] += result.nbytes
-        counts["promotion_seconds"] += result.seconds
 
     def _settle_orphans(self) -> None:
         """Store calls an interrupt kept from running (a job that never reached its
@@ -473,15 +399,9 @@ def prefix_chunks(present: Sequence[bool], window: int | None) -> int:
 def _job_result(future: Future) -> TierJobResult:
     """A tier job's result; a buffer of the wrong length (another geometry's entry under
     a key of ours) is logged once and its keys are misses, the others as they ended."""
-    global _size_warned
     try:
         return future.result()
     except TierBufferSizeError as e:
         # Debug after the first: it recurs for every such key and says nothing new.
-        level = logging.DEBUG if _size_warned else logging.WARNING
-        _size_warned = True  # a flag, not a list of every occurrence (it grew forever)
-        logger.log(level, "secondary tier: %s; such keys are misses", e)
+        log_once(logger, "tier-size", "secondary tier: %s; such keys are misses", e)
         return e.result
-
-
-_size_warned = False

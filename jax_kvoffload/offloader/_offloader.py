@@ -24,15 +24,19 @@ raises returns no id and leaves nothing behind. Life cycle: docs/architecture.md
 
 from __future__ import annotations
 
-import itertools
-from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import jax
 import numpy as np
 
-from jax_kvoffload._offloader_checks import (
+from jax_kvoffload.assembly import engine_pages
+from jax_kvoffload.config import OffloadingConfig
+from jax_kvoffload.errors import KVOffloadStateError
+from jax_kvoffload.hostmem.internals import check_index
+from jax_kvoffload.offloader._accounting import OffloaderAccounting
+from jax_kvoffload.offloader._cascade import TierPath, prefix_chunks
+from jax_kvoffload.offloader._checks import (
     OffloaderError,
     as_group_caches,
     assemble,
@@ -42,15 +46,10 @@ from jax_kvoffload._offloader_checks import (
     check_hashes,
     check_timeout,
 )
-from jax_kvoffload._offloader_jobs import Job, JobBook
-from jax_kvoffload._offloader_loads import locate_missing, prepare_load
-from jax_kvoffload._offloader_stats import OffloaderAccounting
-from jax_kvoffload._offloader_tiers import TierPath, TierPathStats, prefix_chunks
-from jax_kvoffload.assembly import engine_pages
-from jax_kvoffload.config import OffloadingConfig
-from jax_kvoffload.errors import KVOffloadStateError
-from jax_kvoffload.hostmem.internals import check_index
-from jax_kvoffload.stats import OffloadStats, TierStats
+from jax_kvoffload.offloader._job_book import JobBook
+from jax_kvoffload.offloader._load_plan import locate_missing, prepare_load
+from jax_kvoffload.offloader._tier_stats import TierPathStats
+from jax_kvoffload.stats import OffloadStats
 from jax_kvoffload.store import LookupResult, make_offload_key
 from jax_kvoffload.tiers import SecondaryTier, namespace_digest
 from jax_kvoffload.transfer import (
@@ -73,7 +72,7 @@ class OffloaderStateError(KVOffloadStateError):
     """The offloader cannot take the call now (closed, or busy in another thread)."""
 
 
-class KVOffloader(JobBook):
+class KVOffloader:
     """Offloads KV chunks of a JAX engine to host memory (and secondary tiers) and
     loads them back.
 
@@ -101,6 +100,11 @@ class KVOffloader(JobBook):
     With secondary tiers (docs/tiers.md): completed stores cascade to every tier,
     `lookup` sees the host, then the tiers (and promotes what it counts into the host),
     `load` promotes tier hits it is given before loading.
+
+    It owns its parts: the host store and pool, the `TransferEngine`, the tier path
+    (`TierPath`: cascades and promotions), the job book (`JobBook`: each job until it
+    is reported once) and the accounting behind `stats()`. Each is given the others it
+    needs when it is built; none calls back into the offloader.
     """
 
     def __init__(
@@ -138,22 +142,16 @@ class KVOffloader(JobBook):
                 for tier in parts.tiers:
                     tier.close()
             raise
-        self._tiers = (
-            TierPath(parts.tiers, self._store, self._pool, self._pin) if parts.tiers else None
-        )
+        self._tiers = TierPath(parts.tiers, self._store, self._pool) if parts.tiers else None
         self._own_tiers = tiers is None
         self._tier_namespace = namespace_digest(config, pages=engine_pages(caches))
         self._guard = SingleCaller("KVOffloader", OffloaderStateError)
-        self._jobs: dict[int, Job] = {}  # in flight (engine) or unsettled
-        self._unsettled: deque[TransferResult] = deque()  # ended, store not yet told
-        self._ready: dict[int, TransferResult] = {}  # settled, not yet returned
-        self._ids = itertools.count(1)
+        tokens = {g.group_id: g.tokens_per_block for g in config.groups}
+        tier_counts = None if self._tiers is None else self._tiers.counts.summary
+        self._stats = OffloaderAccounting(self._store, tokens, self._bpc, tier_counts)
+        self._jobs = JobBook(self._store, self._engine, self._tiers, self._stats)
         self._closed = False
         self.config = config
-        tokens = {g.group_id: g.tokens_per_block for g in config.groups}
-        self._stats = OffloaderAccounting(self._store, tokens, self._bpc)
-        if self._tiers is not None:
-            self._stats.tiers = self._tier_counters
 
     # -- queries ------------------------------------------------------------------
 
@@ -161,19 +159,6 @@ class KVOffloader(JobBook):
         """Cumulative counters and current occupancy (docs/observability.md); cheap,
         callable from any thread, also after `close`."""
         return self._stats.snapshot()
-
-    def _tier_counters(self) -> tuple[TierStats, ...]:
-        """`stats()`'s per-tier counters, read from the tier path (`tier_stats`)."""
-        return tuple(
-            TierStats(
-                f"{s.medium}[{s.tier}]",
-                cascaded=s.cascaded,
-                promoted=s.promoted,
-                dropped=s.cascade_dropped,
-                failed=s.cascade_failed + s.promotion_failed,
-            )
-            for s in self.tier_stats
-        )
 
     @property
     def store_stats(self) -> Any:
@@ -194,7 +179,7 @@ class KVOffloader(JobBook):
     @property
     def tier_stats(self) -> tuple[TierPathStats, ...]:
         """Per secondary tier: cascaded, promoted, dropped, bytes, seconds (docs/tiers.md)."""
-        return () if self._tiers is None else self._tiers.stats()
+        return () if self._tiers is None else self._tiers.counts.stats()
 
     @property
     def tier_namespace(self) -> bytes:
@@ -276,9 +261,9 @@ class KVOffloader(JobBook):
             timeout = check_timeout("timeout", timeout)
             if self._tiers is None:
                 return True
-            if self._unsettled or self._engine.has_finished():
+            if self._jobs.has_unsettled or self._engine.has_finished():
                 with deferred_interrupts():  # completed stores cascade first
-                    self._settle(self._engine.get_finished())
+                    self._jobs.settle(self._engine.get_finished())
             return self._tiers.wait(timeout=timeout)
 
     # -- transfers ------------------------------------------------------------------
@@ -338,10 +323,11 @@ class KVOffloader(JobBook):
             self._check_open()
             if self._tiers is not None:
                 self._tiers.process()
-            if self._unsettled or self._engine.has_finished():  # the common idle poll is cheap
+            # The common idle poll is cheap.
+            if self._jobs.has_unsettled or self._engine.has_finished():
                 with deferred_interrupts():
-                    self._settle(self._engine.get_finished())
-            return self._take_ready(None)
+                    self._jobs.settle(self._engine.get_finished())
+            return self._jobs.take_ready(None)
 
     def wait(self, job_ids: Iterable[int | None] | None = None) -> list[TransferResult]:
         """Blocks until the jobs end; returns their results, in the order given.
@@ -353,16 +339,14 @@ class KVOffloader(JobBook):
         """
         with self._guard:
             self._check_open()
-            ids = None if job_ids is None else self._check_wait_ids(job_ids)
-            waiting = {r.job_id for r in self._unsettled}
-            in_engine = [i for i in (self._jobs if ids is None else ids) if i in self._jobs]
-            in_engine = [i for i in in_engine if i not in waiting]
+            ids = None if job_ids is None else self._jobs.check_wait_ids(job_ids)
+            in_engine = self._jobs.in_engine(ids)
             self._engine.join(in_engine)  # blocks; may be interrupted, changes nothing
             with deferred_interrupts():
-                self._settle(self._engine.wait(in_engine))
+                self._jobs.settle(self._engine.wait(in_engine))
             if self._tiers is not None:
                 self._tiers.process()  # finished tier jobs release their pins
-            return self._take_ready(ids)
+            return self._jobs.take_ready(ids)
 
     def reset_cache(self) -> None:
         """Forgets every stored chunk.
@@ -381,9 +365,7 @@ class KVOffloader(JobBook):
                 self._store.reset_cache()
                 if self._tiers is not None:
                     generation = self._store.cache_generation
-                    self._tiers.hold_promotions(
-                        lambda: all(j.generation == generation for j in self._jobs.values())
-                    )
+                    self._tiers.hold_promotions(lambda: self._jobs.all_in_generation(generation))
 
     def close(self) -> list[TransferResult]:
         """Waits for the jobs in flight, stops the transfer threads, and returns the
@@ -392,10 +374,10 @@ class KVOffloader(JobBook):
         and the queries work."""
         with self._guard:
             if self._closed:  # normally []: what an interrupted close could not return
-                return self._take_ready(None)
+                return self._jobs.take_ready(None)
             self._engine.join()  # blocks; may be interrupted, changes nothing
             with deferred_interrupts():
-                self._settle(self._engine.get_finished())
+                self._jobs.settle(self._engine.get_finished())
             if self._tiers is not None:
                 self._tiers.drain()  # cascades reach the tiers; interruptible
             with deferred_interrupts():
@@ -403,7 +385,7 @@ class KVOffloader(JobBook):
                 if self._tiers is not None:
                     self._tiers.close(own=self._own_tiers)
                 self._closed = True
-            return self._take_ready(None)
+            return self._jobs.take_ready(None)
 
     def __enter__(self) -> KVOffloader:
         return self
@@ -454,7 +436,7 @@ class KVOffloader(JobBook):
                 out = self._store.prepare_store(offered)
                 if out is None or not out.keys_to_store:
                     return None
-                job = self._record(Direction.STORE, g, list(out.keys_to_store))
+                job = self._jobs.record(Direction.STORE, g, list(out.keys_to_store))
             position: dict[bytes, int] = {}
             for i, k in enumerate(keys):
                 position.setdefault(k, i)
@@ -463,7 +445,7 @@ class KVOffloader(JobBook):
             self._engine.submit_store(job, [transfer])
         except BaseException:
             if job is not None:
-                self._abandon(job)
+                self._jobs.abandon(job)
             raise
         return job
 
@@ -473,8 +455,7 @@ class KVOffloader(JobBook):
         try:
             with deferred_interrupts():
                 chunk_ids, pinned, waits = prepare_load(self._store, self._tiers, g, keys, where)
-                job = self._record(Direction.LOAD, g, pinned)
-                self._jobs[job].waits = waits
+                job = self._jobs.record(Direction.LOAD, g, pinned, waits)
                 for tier_job, tier_keys in waits:
                     self._tiers.hold(tier_job, job, tier_keys)
             blocks = tuple(b for chunk in ids for b in chunk)
@@ -490,6 +471,6 @@ class KVOffloader(JobBook):
                 self._engine.submit_load(job, [transfer])
         except BaseException:
             if job is not None:
-                self._abandon(job)
+                self._jobs.abandon(job)
             raise
         return job
