@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import hashlib
 import os
 import shutil
@@ -63,14 +64,26 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: SIGKILL when the test process dies (Linux), so a
+    crashed or killed test run leaves no server behind."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
 class RedisServer:
     """A private redis-server on a free loopback port; `stop()` ends it."""
 
     def __init__(
-        self, *args: str, maxmemory: str = "64mb", policy: str = "allkeys-lru", port: int = 0
+        self,
+        *args: str,
+        maxmemory: str = "64mb",
+        policy: str = "allkeys-lru",
+        port: int = 0,
+        parent: str | None = None,
     ):
         self.port = port or free_port()
-        self.dir = tempfile.mkdtemp(prefix="jkv-redis-")
+        self.dir = tempfile.mkdtemp(prefix="jkv-redis-", dir=parent)
         cmd = [
             REDIS_SERVER,
             "--port",
@@ -91,7 +104,9 @@ class RedisServer:
             "warning",
             *args,
         ]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self.proc = subprocess.Popen(
+            cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=_die_with_parent
+        )
         deadline = time.monotonic() + 10
         while True:
             with (

@@ -1,0 +1,224 @@
+"""RedisTier on a real 3-primary Redis Cluster (loopback, the session's `redis_cluster`):
+found from any one node, keys spread by hash slot, one value per chunk as on one
+server, seed nodes, a slot migrating under the tier (ASK, then MOVED), damaged values,
+another process, and `cluster="off"` against a cluster."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+from jax_kvoffload.tiers import RedisTier, RedisTierConfig
+from jax_kvoffload.tiers._slots import key_slot
+
+from ._cluster import HAVE_CLUSTER, NO_CLUSTER
+from ._helpers import child_env, free_port, key, payload
+
+pytestmark = pytest.mark.skipif(not HAVE_CLUSTER, reason=NO_CLUSTER)
+
+NS = bytes(range(32))
+N = 8192
+
+
+@pytest.fixture
+def cluster(redis_cluster):
+    redis_cluster.flush()
+    return redis_cluster
+
+
+def open_tier(url, **kw):
+    kw.setdefault("io_timeout_s", 2.0)
+    return RedisTier(RedisTierConfig(url=url, **kw), NS)
+
+
+def store(tier, ids, n=N):
+    return tier.submit_store([(key(i), payload(key(i), n)) for i in ids]).result(timeout=30)
+
+
+def load(tier, ids, n=N):
+    outs = [np.full(n, 0xAA, np.uint8) for _ in ids]
+    r = tier.submit_load([(key(i), o) for i, o in zip(ids, outs)]).result(timeout=30)
+    for i, o, ok in zip(ids, outs, r.ok):
+        if ok:  # a hit is exactly the stored bytes
+            np.testing.assert_array_equal(o, payload(key(i), n))
+    return list(r.ok)
+
+
+@pytest.mark.parametrize("which", [0, 1, 2])
+def test_any_node_finds_the_cluster_and_keys_spread_over_every_primary(cluster, which):
+    tier = open_tier(f"redis://127.0.0.1:{cluster.ports[which]}/0")
+    try:
+        r = store(tier, range(60))
+        assert r.all_ok and r.nbytes == 60 * N
+        assert load(tier, list(range(62))) == [True] * 60 + [False] * 2
+        assert tier.contains([key(0), key(99)]) == [True, False]
+        held = cluster.keys()
+        assert sorted(held) == sorted(cluster.primaries())
+        assert all(len(ks) >= 10 for ks in held.values())  # ~20 each
+        for port, ks in held.items():  # each key on the primary of its slot
+            assert all(cluster.owner(key_slot(k)) == port for k in ks)
+        k = tier.key_of(key(3))
+        node = cluster.nodes[cluster.owner(key_slot(k))]
+        assert node.call(b"STRLEN", k) == 68 + 36 + N  # header + payload, one value
+        top = tier.topology()
+        assert top.cluster and sorted(top.slots.values()) == [5461, 5461, 5462]
+        s = tier.stats()
+        assert (s.keys_stored, s.load_hits, s.load_misses, s.corrupt, s.errors) == (60, 60, 2, 0, 0)
+    finally:
+        tier.close()
+
+
+def test_cluster_on_reads_the_map_first_and_seeds_stand_in_for_a_dead_url(cluster):
+    dead = f"redis://127.0.0.1:{free_port()}/0"
+    seeds = [f"redis://127.0.0.1:{p}" for p in cluster.ports[1:]]
+    tier = open_tier(dead, seed_urls=seeds, connect_timeout_s=0.5)
+    try:
+        assert tier.config.cluster == "on"
+        assert store(tier, range(30)).all_ok  # the url's node is down: a seed answered
+        assert load(tier, list(range(30))) == [True] * 30
+        top = tier.topology()
+        assert top.redirects == 0 and top.map_refreshes >= 1  # routed right at once
+    finally:
+        tier.close()
+
+
+def test_a_standalone_config_against_a_cluster_fails_only_the_other_nodes_keys(cluster):
+    tier = open_tier(cluster.url, cluster="off")
+    try:
+        r = store(tier, range(30))
+        mine = [cluster.owner(key_slot(tier.key_of(key(i)))) == cluster.ports[0] for i in range(30)]
+        assert list(r.ok) == mine and 0 < sum(mine) < 30  # the others: refused (MOVED)
+        assert load(tier, list(range(30))) == mine
+        assert not tier.topology().cluster
+    finally:
+        tier.close()
+
+
+def test_a_damaged_value_is_a_miss_and_is_removed_on_its_node(cluster):
+    tier = open_tier(cluster.url)
+    try:
+        store(tier, range(12))
+        victims = [2, 7]
+        for i in victims:
+            k = tier.key_of(key(i))
+            cluster.nodes[cluster.owner(key_slot(k))].call(b"SETRANGE", k, b"300", b"\x00\xff")
+        assert load(tier, list(range(12))) == [i not in victims for i in range(12)]
+        for i in victims:
+            k = tier.key_of(key(i))
+            assert cluster.nodes[cluster.owner(key_slot(k))].call(b"EXISTS", k) == 0
+        assert tier.stats().corrupt == 2
+    finally:
+        tier.close()
+
+
+def test_another_process_reads_what_this_one_stored(cluster):
+    tier = open_tier(cluster.url)
+    try:
+        assert store(tier, [1, 2, 3]).all_ok
+        code = (
+            "import sys, numpy as np\n"
+            "from tests.tiers._helpers import key, payload\n"
+            "from jax_kvoffload.tiers import RedisTier, RedisTierConfig\n"
+            "t = RedisTier(RedisTierConfig(url=sys.argv[1]), bytes(range(32)))\n"
+            "outs = [np.zeros(8192, np.uint8) for _ in range(3)]\n"
+            "r = t.submit_load([(key(i + 1), o) for i, o in enumerate(outs)]).result()\n"
+            "assert r.all_ok and all((o == payload(key(i + 1), 8192)).all()\n"
+            "                        for i, o in enumerate(outs))\n"
+            "t.close()\n"
+        )
+        other = f"redis://127.0.0.1:{cluster.ports[2]}/0"
+        root = child_env()["PYTHONPATH"].split(":")[0]
+        out = subprocess.run(
+            [sys.executable, "-c", code, other],
+            env=child_env(),
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert out.returncode == 0, out.stderr
+    finally:
+        tier.close()
+
+
+def migrate_slot(cluster, slot: int, source: int, target: int, between=None) -> None:
+    """Moves `slot` from primary `source` to `target` as `redis-cli --cluster reshard`
+    does: IMPORTING / MIGRATING, MIGRATE of each key, then SETSLOT NODE everywhere.
+    `between()` runs while the slot is half moved."""
+    src, dst = cluster.nodes[source], cluster.nodes[target]
+    src_id, dst_id = src.call(b"CLUSTER", b"MYID"), dst.call(b"CLUSTER", b"MYID")
+    dst.call(b"CLUSTER", b"SETSLOT", b"%d" % slot, b"IMPORTING", src_id)
+    src.call(b"CLUSTER", b"SETSLOT", b"%d" % slot, b"MIGRATING", dst_id)
+    ks = src.call(b"CLUSTER", b"GETKEYSINSLOT", b"%d" % slot, b"1000")
+    for k in ks[: len(ks) // 2]:
+        src.call(b"MIGRATE", b"127.0.0.1", b"%d" % target, k, b"0", b"5000")
+    if between is not None:
+        between()
+    for k in src.call(b"CLUSTER", b"GETKEYSINSLOT", b"%d" % slot, b"1000"):
+        src.call(b"MIGRATE", b"127.0.0.1", b"%d" % target, k, b"0", b"5000")
+    for port in cluster.primaries():
+        cluster.nodes[port].call(b"CLUSTER", b"SETSLOT", b"%d" % slot, b"NODE", dst_id)
+
+
+def test_a_slot_migrating_under_the_tier_asks_then_moves(cluster):
+    tier = open_tier(cluster.url)
+    try:
+        # Keys of one slot: a hash tag in the prefix puts them all there.
+        tagged = open_tier(cluster.url, key_prefix="jkv{mig}")
+        slot = key_slot(b"mig")
+        source = cluster.owner(slot)
+        target = next(p for p in cluster.primaries() if p != source)
+        assert store(tagged, range(10)).all_ok
+        seen = {}
+
+        def half_moved():
+            # Keys already on the target are asked for there (ASK); new keys too.
+            seen["loads"] = load(tagged, list(range(10)))
+            seen["store"] = store(tagged, range(10, 14)).all_ok
+            seen["redirects"] = tagged.topology().redirects
+
+        migrate_slot(cluster, slot, source, target, half_moved)
+        assert seen == {"loads": [True] * 10, "store": True, "redirects": seen["redirects"]}
+        assert seen["redirects"] >= 5  # ASK for the keys that had moved, and the new ones
+        assert load(tagged, list(range(14))) == [True] * 14  # MOVED once, then the new map
+        assert cluster.owner(slot) == target
+        assert all(cluster.owner(key_slot(k)) == target for k in cluster.keys()[target])
+        assert tagged.stats().corrupt == 0
+        # Put it back, so the session's cluster is as it was.
+        migrate_slot(cluster, slot, target, source)
+        assert load(tagged, list(range(14))) == [True] * 14
+        tagged.close()
+        assert store(tier, range(5)).all_ok
+    finally:
+        tier.close()
+        cluster.wait_ok()
+
+
+def test_many_threads_at_once(cluster):
+    tier = open_tier(cluster.url, read_connections=3, write_connections=2)
+    errors = []
+
+    def worker(seed):
+        rng = np.random.default_rng(seed)
+        try:
+            for _ in range(10):
+                store(tier, [int(i) for i in rng.choice(40, 5, replace=False)])
+                load(tier, [int(i) for i in rng.choice(40, 6, replace=False)])
+                tier.contains([key(int(i)) for i in rng.choice(40, 3)])
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(s,)) for s in range(4)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert errors == []
+        assert tier.stats().corrupt == 0 and tier.stats().errors == 0
+    finally:
+        tier.close()
