@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import hashlib
 import os
 import shutil
@@ -64,11 +63,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: SIGKILL when the test process dies (Linux), so a
-    crashed or killed test run leaves no server behind."""
-    with contextlib.suppress(Exception):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+# Servers die with the test process (SIGKILL on its death: PR_SET_PDEATHSIG), so a
+# crashed or killed test run leaves none behind. Set by util-linux's setpriv before it
+# execs the server: a preexec_fn would fork the (multithreaded, JAX-holding) interpreter.
+# The signal follows the thread that started the server: start servers on the main one.
+_SETPRIV = shutil.which("setpriv")
+_DIE_WITH_PARENT = [_SETPRIV, "--pdeathsig", "KILL", "--"] if _SETPRIV else []
 
 
 class RedisServer:
@@ -104,8 +104,13 @@ class RedisServer:
             "warning",
             *args,
         ]
+        self.cmd = cmd
+        self.start()
+
+    def start(self) -> None:
+        """Starts the server (again, after `kill()`: same port, same directory)."""
         self.proc = subprocess.Popen(
-            cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=_die_with_parent
+            [*_DIE_WITH_PARENT, *self.cmd], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
         )
         deadline = time.monotonic() + 10
         while True:
@@ -119,6 +124,13 @@ class RedisServer:
                 self.stop()
                 raise RuntimeError(f"redis-server did not start: {err}")
             time.sleep(0.02)
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash: the directory (a cluster node's nodes.conf) stays."""
+        self.proc.kill()
+        self.proc.wait()
+        if self.proc.stderr:
+            self.proc.stderr.close()
 
     @property
     def url(self) -> str:
