@@ -5,7 +5,8 @@ bus port (port + 10000) is free too, in a directory of its own under one tempora
 directory; `redis-cli --cluster create ... --cluster-yes` assigns the slots (and the
 replicas); the constructor returns once every node says `cluster_state:ok` and agrees
 on the slot map. `stop()` ends every node and removes the directories; the nodes also
-die with the test process (PR_SET_PDEATHSIG, `_helpers.RedisServer`), so a crashed run leaves none behind.
+die with the test process (PR_SET_PDEATHSIG, `_helpers.RedisServer`), so a crashed
+run leaves none behind.
 """
 
 from __future__ import annotations
