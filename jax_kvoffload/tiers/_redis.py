@@ -188,8 +188,9 @@ class RedisTier(SecondaryTier):
     # ---- health --------------------------------------------------------------------------
 
     def available(self) -> bool:
-        """False while every primary is considered down (within `retry_after_s`)."""
-        return self._health.any_up(self._router.primaries())
+        """False while every primary and seed node is considered down (within
+        `retry_after_s`): stores are then dropped at submission."""
+        return self._health.any_up((*self._router.primaries(), *self._router.seeds))
 
     def topology(self) -> RedisTopology:
         """The slot map in use, the nodes down, and how often the map changed."""

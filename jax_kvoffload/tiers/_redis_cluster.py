@@ -82,8 +82,8 @@ class Router:
         self.seed: Address = (
             (endpoint.unix_path, 0) if endpoint.unix_path else (endpoint.host, endpoint.port)
         )
-        self._seeds = (self.seed, *seeds)
-        self._loopback_only = all(is_loopback(host) for host, _ in self._seeds)
+        self.seeds = (self.seed, *seeds)
+        self._loopback_only = all(is_loopback(host) for host, _ in self.seeds)
         self._health = health
         self._prefix = key_prefix
         self._map = SlotMap.single(self.seed)
@@ -94,6 +94,8 @@ class Router:
         self._next_refresh = 0.0
         self.refreshes = 0  # maps read and believed
         self.redirects = 0  # MOVED / ASK replies followed
+        if self.is_cluster:
+            self._warn_hash_tag()
 
     # ---- nodes -----------------------------------------------------------------------
 
@@ -157,6 +159,9 @@ class Router:
         logger.info(
             "redis tier: %s is a cluster node; routing keys by hash slot", self.describe(at)
         )
+        self._warn_hash_tag()
+
+    def _warn_hash_tag(self) -> None:
         start = self._prefix.find("{")
         if start >= 0 and self._prefix.find("}", start + 1) > start + 1:
             log_once(
@@ -210,7 +215,7 @@ class Router:
         ep = self._endpoint
         deadline = time.monotonic() + ep.connect_timeout_s + ep.io_timeout_s
         known = self._map
-        for node in dict.fromkeys((*known.nodes, *known.replicas, *self._seeds)):
+        for node in dict.fromkeys((*known.nodes, *known.replicas, *self.seeds)):
             left = deadline - time.monotonic()
             if left <= 0:
                 break

@@ -24,6 +24,7 @@ __all__ = ["NodeHealth", "NodeLinks"]
 logger = logging.getLogger("jax_kvoffload.tiers._redis")
 
 _MAX_RETRY_S = 30.0
+_MAX_TRACKED = 4096  # nodes whose outage is remembered
 
 
 class _State:
@@ -56,7 +57,7 @@ class NodeHealth:
         return any(self.up(n) for n in nodes)
 
     def known(self) -> list[Address]:
-        """The nodes that ever failed."""
+        """The nodes that failed and have not answered since."""
         with self._lock:
             return list(self._nodes)
 
@@ -69,6 +70,10 @@ class NodeHealth:
         now = time.monotonic()
         where = self._describe(node)
         with self._lock:
+            if node not in self._nodes and len(self._nodes) >= _MAX_TRACKED:
+                # Redirects to ever new addresses (a hostile node): forget expired ones.
+                for old in [n for n, st in self._nodes.items() if st.until <= now]:
+                    del self._nodes[old]
             state = self._nodes.setdefault(node, _State(self._retry))
             if state.down and now < state.until:
                 return  # another connection of the same outage: already down
@@ -93,8 +98,8 @@ class NodeHealth:
         if state is None or not state.down:
             return
         with self._lock:
-            was, state.down = state.down, False
-            state.backoff = self._retry
+            was = state.down
+            self._nodes.pop(node, None)  # up: nothing to remember (the back-off restarts)
         if was:
             reset_log_once(f"redis-down-{self._describe(node)}")
             logger.warning("redis tier: %s answers again", self._describe(node))

@@ -265,4 +265,3 @@ def test_real_tier_soak_on_a_cluster(tmp_path, monkeypatch, seed, redis_cluster)
     finally:
         faults.resume()
         redis_cluster.wait_ok()
-
