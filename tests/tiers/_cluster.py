@@ -53,6 +53,7 @@ class RedisCluster:
         node_timeout_ms: int = 5000,
         full_coverage: bool = True,
         maxmemory: str = "64mb",
+        password: str | None = None,
     ) -> None:
         self.root = tempfile.mkdtemp(prefix="jkv-cluster-")
         self.nodes: dict[int, RedisServer] = {}
@@ -65,7 +66,9 @@ class RedisCluster:
             str(node_timeout_ms),
             "--cluster-require-full-coverage",
             "yes" if full_coverage else "no",
+            *(("--requirepass", password, "--masterauth", password) if password else ()),
         )
+        self.password = password
         self.maxmemory = maxmemory
         try:
             for _ in range(primaries * (1 + replicas)):
@@ -79,6 +82,7 @@ class RedisCluster:
                     "--cluster-replicas",
                     str(replicas),
                     "--cluster-yes",
+                    *(("-a", password, "--no-auth-warning") if password else ()),
                 ],
                 capture_output=True,
                 text=True,
@@ -93,6 +97,7 @@ class RedisCluster:
 
     def start_node(self, port: int) -> RedisServer:
         node = RedisServer(*self.args, maxmemory=self.maxmemory, port=port, parent=self.root)
+        node.password = self.password
         self.nodes[port] = node
         return node
 

@@ -105,6 +105,7 @@ class RedisServer:
             *args,
         ]
         self.cmd = cmd
+        self.password = None  # what call() authenticates with
         self.start()
 
     def start(self) -> None:
@@ -141,7 +142,7 @@ class RedisServer:
         from jax_kvoffload.tiers._resp import Endpoint, RespConnection
 
         conn = RespConnection(
-            Endpoint("127.0.0.1", self.port, None, 0, None, None, None, None, 2.0, 5.0)
+            Endpoint("127.0.0.1", self.port, None, 0, None, self.password, None, None, 2.0, 5.0)
         )
         conn.connect()
         try:

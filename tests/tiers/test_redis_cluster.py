@@ -15,7 +15,7 @@ import pytest
 from jax_kvoffload.tiers import RedisTier, RedisTierConfig
 from jax_kvoffload.tiers._slots import key_slot
 
-from ._cluster import HAVE_CLUSTER, NO_CLUSTER
+from ._cluster import HAVE_CLUSTER, NO_CLUSTER, RedisCluster
 from ._helpers import child_env, free_port, key, payload
 
 pytestmark = pytest.mark.skipif(not HAVE_CLUSTER, reason=NO_CLUSTER)
@@ -222,3 +222,36 @@ def test_many_threads_at_once(cluster):
         assert tier.stats().corrupt == 0 and tier.stats().errors == 0
     finally:
         tier.close()
+
+
+def test_a_cluster_with_a_password_and_a_tenant_acl_user(monkeypatch):
+    cluster = RedisCluster(3, password="s3cret")
+    try:
+        no = open_tier(cluster.url, connect_timeout_s=0.5)
+        try:
+            assert store(no, [1]).ok == (False,)  # NOAUTH on every node: refused, no raise
+        finally:
+            no.close()
+        monkeypatch.setenv("JKV_TEST_CLUSTER_PASSWORD", "s3cret")
+        yes = open_tier(cluster.url, password_env="JKV_TEST_CLUSTER_PASSWORD")
+        try:
+            assert store(yes, range(20)).all_ok and load(yes, list(range(20))) == [True] * 20
+        finally:
+            yes.close()
+        # A tenant limited to its prefix: a cluster also needs ASKING and the slot map.
+        rules = [b"on", b">pw", b"~tenant-a:jkv:*", b"+get", b"+set", b"+exists", b"+del",
+                 b"+ping", b"+asking", b"+cluster|shards", b"+cluster|slots"]  # fmt: skip
+        for node in cluster.nodes.values():
+            node.call(b"ACL", b"SETUSER", b"tenant-a", *rules)
+        url = f"redis://tenant-a:pw@127.0.0.1:{cluster.ports[1]}/0"
+        tenant = open_tier(url, key_prefix="tenant-a:jkv")
+        outside = open_tier(url, key_prefix="tenant-b:jkv")
+        try:
+            assert store(tenant, range(20)).all_ok and load(tenant, list(range(20))) == [True] * 20
+            assert tenant.topology().map_refreshes >= 1
+            assert store(outside, [1]).ok == (False,)  # NOPERM for another prefix
+        finally:
+            tenant.close()
+            outside.close()
+    finally:
+        cluster.stop()
