@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import shutil
 import socket
+import ssl
 import subprocess
 import tempfile
 import time
@@ -54,6 +55,7 @@ class RedisCluster:
         full_coverage: bool = True,
         maxmemory: str = "64mb",
         password: str | None = None,
+        tls: dict[str, str] | None = None,
     ) -> None:
         self.root = tempfile.mkdtemp(prefix="jkv-cluster-")
         self.nodes: dict[int, RedisServer] = {}
@@ -69,6 +71,12 @@ class RedisCluster:
             *(("--requirepass", password, "--masterauth", password) if password else ()),
         )
         self.password = password
+        self.tls = tls
+        if tls:  # every node TLS only, the cluster bus too (`make_certs` of test_redis.py)
+            files = ("--tls-cert-file", tls["srv.pem"], "--tls-key-file", tls["srv.key"],
+                     "--tls-ca-cert-file", tls["ca.pem"])  # fmt: skip
+            self.args += ("--tls-cluster", "yes", "--tls-replication", "yes", *files)
+            self.args += ("--tls-auth-clients", "no")
         self.maxmemory = maxmemory
         try:
             for _ in range(primaries * (1 + replicas)):
@@ -83,6 +91,7 @@ class RedisCluster:
                     str(replicas),
                     "--cluster-yes",
                     *(("-a", password, "--no-auth-warning") if password else ()),
+                    *(("--tls", "--cacert", tls["ca.pem"]) if tls else ()),
                 ],
                 capture_output=True,
                 text=True,
@@ -96,8 +105,11 @@ class RedisCluster:
             raise
 
     def start_node(self, port: int) -> RedisServer:
-        node = RedisServer(*self.args, maxmemory=self.maxmemory, port=port, parent=self.root)
+        args = ("--port", "0", "--tls-port", str(port)) if self.tls else ()  # the last wins
+        node = RedisServer(*self.args, *args, maxmemory=self.maxmemory, port=port, parent=self.root)
         node.password = self.password
+        if self.tls:
+            node.tls = ssl.create_default_context(cafile=self.tls["ca.pem"])
         self.nodes[port] = node
         return node
 

@@ -106,6 +106,7 @@ class RedisServer:
         ]
         self.cmd = cmd
         self.password = None  # what call() authenticates with
+        self.tls = None  # and the ssl.SSLContext it connects with
         self.start()
 
     def start(self) -> None:
@@ -142,7 +143,7 @@ class RedisServer:
         from jax_kvoffload.tiers._resp import Endpoint, RespConnection
 
         conn = RespConnection(
-            Endpoint("127.0.0.1", self.port, None, 0, None, self.password, None, None, 2.0, 5.0)
+            Endpoint("127.0.0.1", self.port, None, 0, None, self.password, self.tls, None, 2.0, 5.0)
         )
         conn.connect()
         try:

@@ -5,6 +5,7 @@ another process, and `cluster="off"` against a cluster."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import threading
@@ -17,6 +18,7 @@ from jax_kvoffload.tiers._slots import key_slot
 
 from ._cluster import HAVE_CLUSTER, NO_CLUSTER, RedisCluster
 from ._helpers import child_env, free_port, key, payload
+from .test_redis import make_certs
 
 pytestmark = pytest.mark.skipif(not HAVE_CLUSTER, reason=NO_CLUSTER)
 
@@ -253,5 +255,32 @@ def test_a_cluster_with_a_password_and_a_tenant_acl_user(monkeypatch):
         finally:
             tenant.close()
             outside.close()
+    finally:
+        cluster.stop()
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl")
+def test_a_tls_cluster(tmp_path):
+    certs = make_certs(tmp_path)
+    try:
+        cluster = RedisCluster(3, tls=certs)
+    except RuntimeError as e:  # a redis-server built without TLS
+        pytest.skip(f"redis-server cannot serve a TLS cluster here: {e}")
+    try:
+        # The url names localhost; the nodes announce 127.0.0.1: each is verified by its
+        # own address (the certificate holds both).
+        url = f"rediss://localhost:{cluster.ports[0]}/0"
+        tier = open_tier(url, tls_ca_file=certs["ca.pem"])
+        untrusted = open_tier(url, connect_timeout_s=1.0)
+        try:
+            big = 1 << 20
+            assert store(tier, range(12), n=big).all_ok
+            assert load(tier, list(range(12)), n=big) == [True] * 12
+            assert len(tier.topology().slots) == 3
+            assert sum(len(ks) for ks in cluster.keys().values()) == 12
+            assert store(untrusted, [1]).ok == (False,)
+        finally:
+            tier.close()
+            untrusted.close()
     finally:
         cluster.stop()
