@@ -154,26 +154,21 @@ class Exchange:
         """Sends a group; `(connection, whether a fast failure may be retried)`, or None
         if the node is down or the send failed (the node is then down)."""
         conn = self._links.get(node)
-        reused = conn.connected
+        retry = conn.connected  # a reused connection may have been reset meanwhile
         if not self._health.ready(node, conn):
             return None
-        try:
-            conn.begin()
-            conn.send(parts)
-            return conn, reused
-        except RespConnectionError as e:
-            if not reused or e.timed_out:
-                self._health.mark_down(node, e)
+        while True:
+            try:
+                conn.begin()
+                conn.send(parts)
+                return conn, retry
+            except RespConnectionError as e:
+                if not retry or e.timed_out:
+                    self._health.mark_down(node, e)
+                    return None
+            retry = False  # reset: the server restarted since; once more, on a fresh one
+            if not self._health.ready(node, conn):
                 return None
-        if not self._health.ready(node, conn):  # reset: the server restarted since
-            return None
-        try:
-            conn.begin()
-            conn.send(parts)
-            return conn, False
-        except RespConnectionError as e:
-            self._health.mark_down(node, e)
-            return None
 
     def _read(self, node, conn, retry, parts, op: Op, items, asking) -> list[Any]:
         """The replies of a sent group; FAILED for those not read (the node failed:

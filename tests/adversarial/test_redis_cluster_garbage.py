@@ -8,14 +8,15 @@ from __future__ import annotations
 import logging
 import time
 
-import numpy as np
 import pytest
 
 from jax_kvoffload.tiers import RedisTier, RedisTierConfig
 from jax_kvoffload.tiers._redis_cluster import REFRESH_INTERVAL_S
 from jax_kvoffload.tiers._redis_exchange import MAX_ROUNDS
 from jax_kvoffload.tiers._slots import key_slot
-from tests.tiers._helpers import free_port, key, payload
+from tests.tiers._helpers import free_port, key
+from tests.tiers.test_redis import load as redis_load
+from tests.tiers.test_redis import store as redis_store
 
 from ._fake_resp import Err, FakeNode, resp, shards
 
@@ -31,16 +32,11 @@ def tier(node, **kw) -> RedisTier:
 
 
 def store(t, ids):
-    return t.submit_store([(key(i), payload(key(i), N)) for i in ids]).result(timeout=30)
+    return redis_store(t, ids, n=N)
 
 
 def load(t, ids):
-    outs = [np.zeros(N, np.uint8) for _ in ids]
-    r = t.submit_load([(key(i), o) for i, o in zip(ids, outs)]).result(timeout=30)
-    for i, o, ok in zip(ids, outs, r.ok):
-        if ok:
-            np.testing.assert_array_equal(o, payload(key(i), N))
-    return list(r.ok)
+    return redis_load(t, ids, n=N)
 
 
 def moved(slot_of_key, port, host="127.0.0.1"):

@@ -9,6 +9,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 
@@ -177,3 +178,16 @@ def child_env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
     return env
+
+
+def run_child(code: str, *argv: str) -> subprocess.CompletedProcess:
+    """`python -c code argv...` in a child that imports this checkout, from its root."""
+    env = child_env()
+    return subprocess.run(
+        [sys.executable, "-c", code, *argv],
+        env=env,
+        cwd=env["PYTHONPATH"].split(os.pathsep)[0],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )

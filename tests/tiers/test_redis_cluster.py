@@ -6,19 +6,15 @@ another process, and `cluster="off"` against a cluster."""
 from __future__ import annotations
 
 import shutil
-import subprocess
-import sys
-import threading
 
-import numpy as np
 import pytest
 
-from jax_kvoffload.tiers import RedisTier, RedisTierConfig
 from jax_kvoffload.tiers._slots import key_slot
 
 from ._cluster import HAVE_CLUSTER, NO_CLUSTER, RedisCluster
-from ._helpers import child_env, free_port, key, payload
-from .test_redis import make_certs
+from ._helpers import free_port, key, run_child
+from .test_redis import load, make_certs, open_redis, store
+from .test_redis import test_concurrent_writers_and_readers as concurrent_writers_and_readers
 
 pytestmark = pytest.mark.skipif(not HAVE_CLUSTER, reason=NO_CLUSTER)
 
@@ -33,21 +29,7 @@ def cluster(redis_cluster):
 
 
 def open_tier(url, **kw):
-    kw.setdefault("io_timeout_s", 2.0)
-    return RedisTier(RedisTierConfig(url=url, **kw), NS)
-
-
-def store(tier, ids, n=N):
-    return tier.submit_store([(key(i), payload(key(i), n)) for i in ids]).result(timeout=30)
-
-
-def load(tier, ids, n=N):
-    outs = [np.full(n, 0xAA, np.uint8) for _ in ids]
-    r = tier.submit_load([(key(i), o) for i, o in zip(ids, outs)]).result(timeout=30)
-    for i, o, ok in zip(ids, outs, r.ok):
-        if ok:  # a hit is exactly the stored bytes
-            np.testing.assert_array_equal(o, payload(key(i), n))
-    return list(r.ok)
+    return open_redis(url, **kw)
 
 
 @pytest.mark.parametrize("which", [0, 1, 2])
@@ -133,15 +115,7 @@ def test_another_process_reads_what_this_one_stored(cluster):
             "t.close()\n"
         )
         other = f"redis://127.0.0.1:{cluster.ports[2]}/0"
-        root = child_env()["PYTHONPATH"].split(":")[0]
-        out = subprocess.run(
-            [sys.executable, "-c", code, other],
-            env=child_env(),
-            cwd=root,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        out = run_child(code, other)
         assert out.returncode == 0, out.stderr
     finally:
         tier.close()
@@ -202,26 +176,8 @@ def test_a_slot_migrating_under_the_tier_asks_then_moves(cluster):
 
 def test_many_threads_at_once(cluster):
     tier = open_tier(cluster.url, read_connections=3, write_connections=2)
-    errors = []
-
-    def worker(seed):
-        rng = np.random.default_rng(seed)
-        try:
-            for _ in range(10):
-                store(tier, [int(i) for i in rng.choice(40, 5, replace=False)])
-                load(tier, [int(i) for i in rng.choice(40, 6, replace=False)])
-                tier.contains([key(int(i)) for i in rng.choice(40, 3)])
-        except Exception as e:  # pragma: no cover - reported below
-            errors.append(e)
-
-    threads = [threading.Thread(target=worker, args=(s,)) for s in range(4)]
     try:
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        assert errors == []
-        assert tier.stats().corrupt == 0 and tier.stats().errors == 0
+        concurrent_writers_and_readers(tier)  # the standalone scenario, on the cluster
     finally:
         tier.close()
 

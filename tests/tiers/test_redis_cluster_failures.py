@@ -252,18 +252,10 @@ def cluster_slot_counts(cluster) -> list[int]:
     return list(counts.values())
 
 
-def test_a_resharding_under_load_loses_no_store_and_serves_no_wrong_byte():
+@pytest.mark.parametrize("slots", [300, pytest.param(3000, marks=pytest.mark.slow)])
+def test_a_resharding_under_load_loses_no_store_and_serves_no_wrong_byte(slots):
     cluster = RedisCluster(3)
     try:
-        reshard_under_load(cluster, 300)
-    finally:
-        cluster.stop()
-
-
-@pytest.mark.slow
-def test_a_large_resharding_under_load():
-    cluster = RedisCluster(3)
-    try:
-        reshard_under_load(cluster, 3000)
+        reshard_under_load(cluster, slots)
     finally:
         cluster.stop()
