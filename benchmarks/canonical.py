@@ -33,7 +33,8 @@ import jax.numpy as jnp
 import numpy as np
 
 import pallas_kernels as pk
-from jax_kvoffload.config import FullAttentionSpec, KVTensorView, RankContext, layer_mapping
+from jax_kvoffload.config import FullAttentionSpec
+from jax_kvoffload.config.canonical import KVTensorView, RankContext, layer_mapping
 from jax_kvoffload.transfer import (
     CanonicalPoolView,
     GroupCaches,

@@ -17,13 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from jax_kvoffload.config import (
-    DiskTierConfig,
-    HostTierConfig,
-    OffloadingConfig,
-    RedisTierConfig,
-    TierConfigError,
-)
+from jax_kvoffload.config import HostTierConfig, OffloadingConfig, TierConfigError, VllmTierConfig
+from jax_kvoffload.config.internals import kind_names_in_words
 from jax_kvoffload.store import CPUTierCapacity, HostStore, cpu_tier_capacity
 from jax_kvoffload.tiers import SecondaryTier, namespace_digest, namespace_fields, open_tier
 from jax_kvoffload.transfer import GroupCaches, HostChunkPool, HostPool, PinnedRowPool
@@ -122,13 +117,13 @@ def open_tiers(
     opened: list[SecondaryTier] = []
     try:
         for i, tier in enumerate(host.secondary_tiers):
-            if not isinstance(tier, (DiskTierConfig, RedisTierConfig)):
+            if isinstance(tier, VllmTierConfig):
                 raise TierConfigError(
                     f"secondary_tiers[{i}]",
                     "type",
                     tier.type,
                     "is a tier only vLLM's tiering manager can build (a JAX engine "
-                    'opens "disk" and "redis" tiers); use one of those here',
+                    f"opens {kind_names_in_words('and')} tiers); use one of those here",
                 )
             opened.append(open_tier(tier, namespace, describe=describe))
             logger.info("secondary tier %d: %s", i, type(opened[-1]).__name__)

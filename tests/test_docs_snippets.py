@@ -1,4 +1,5 @@
-"""Every code block of README.md and docs/*.md runs as written (or is checked), so docs cannot rot.
+"""Every code block of README.md, CONTRIBUTING.md and docs/*.md runs as written (or is
+checked), so docs cannot rot.
 
 - ```python blocks run, in page order, on CPU. The blocks of one page share one
   namespace, as in a notebook: a block may use names an earlier block of the same page
@@ -39,7 +40,7 @@ import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+PAGES = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").rglob("*.md"))]
 PYTHON = {"python", "py", "python3"}
 SHELL = {"bash", "sh", "shell", "console"}
 # Packages a block may need that the README's `pip install -e ".[test]"` does not bring.
@@ -96,7 +97,7 @@ SHELL_BLOCKS = [b for b in ALL if b.lang in SHELL]
 
 def test_every_page_is_found():
     names = {p.relative_to(ROOT).as_posix() for p in PAGES}
-    assert {"README.md", "docs/index.md", "docs/start.md"} <= names
+    assert {"README.md", "CONTRIBUTING.md", "docs/index.md", "docs/start.md"} <= names
     assert PY_BLOCKS and SHELL_BLOCKS
 
 
@@ -116,7 +117,9 @@ def _missing_optional(code: str) -> list[str]:
 
 
 def _run(block: Block, namespace: dict) -> None:
-    exec(compile(block.code, block.where, "exec"), namespace)
+    # dont_inherit: the block runs as written, not under this module's __future__ imports
+    # (postponed annotations would send a block's dataclass looking for its module).
+    exec(compile(block.code, block.where, "exec", dont_inherit=True), namespace)
 
 
 def _readme_moved_only_the_prefix(ns: dict) -> None:

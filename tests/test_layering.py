@@ -3,9 +3,10 @@
 - No package imports another package's private `_modules` (each package exports what
   others use, semi-public parts from its `internals` module).
 - `pallas_kernels` is standalone: it imports nothing of `jax_kvoffload`.
-- One-way layers: config at the bottom; errors and stats above it; store, tiers and
-  transfer above those and independent of each other; the offloader, assembly, bridge,
-  demo and CLI on top. A lower package never imports a higher one.
+- One-way layers: config and the helpers (`_log_once`, `_threads`) at the bottom;
+  errors and stats above config; store, tiers and transfer above those and independent
+  of each other; the offloader, assembly, bridge, demo and CLI on top. A lower package
+  never imports a higher one.
 """
 
 from __future__ import annotations
@@ -17,14 +18,18 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# Helpers every package but config may import: they import nothing of ours (warning
+# once per kind of event; starting threads and saying when the process is out of them).
+HELPERS = {"_log_once", "_threads"}
 # package -> the jax_kvoffload packages (and pallas_kernels) it may import.
 LOWER = {
     "config": set(),
+    **{helper: set() for helper in HELPERS},
     "errors": {"config"},
-    "stats": {"config", "errors"},
-    "store": {"config", "errors"},
-    "tiers": {"config", "errors"},
-    "transfer": {"config", "errors", "pallas_kernels"},
+    "stats": {"config", "errors", *HELPERS},
+    "store": {"config", "errors", *HELPERS},
+    "tiers": {"config", "errors", *HELPERS},
+    "transfer": {"config", "errors", "pallas_kernels", *HELPERS},
 }
 
 
@@ -112,3 +117,6 @@ def test_the_rules_see_a_breach(tmp_path):
     )
     assert len(_violations([bad], layer_breach)) == 2
     assert len(_violations([bad], private_import)) == 1
+    helper = tmp_path / "jax_kvoffload" / "_threads.py"  # a helper is below everything
+    helper.write_text("from jax_kvoffload.errors import KVOffloadStateError\n")
+    assert len(_violations([helper], layer_breach)) == 1

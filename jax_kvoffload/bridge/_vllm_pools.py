@@ -21,12 +21,8 @@ import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from jax_kvoffload.config import (
-    CanonicalLayoutError,
-    CanonicalPageMapping,
-    CopyRun,
-    OffloadingConfig,
-)
+from jax_kvoffload.config import CanonicalLayoutError, OffloadingConfig
+from jax_kvoffload.config.canonical import CanonicalPageMapping, CopyRun
 
 if TYPE_CHECKING:
     from jax_kvoffload.transfer import CanonicalPoolView, HostChunkPool, SharedHostRegion

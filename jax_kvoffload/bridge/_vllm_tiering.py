@@ -7,9 +7,10 @@ while a tier looks, stores are dropped under backpressure. Rather than re-implem
 the spec hands it our `HostStore` as the primary tier (`JaxPrimaryTier`: vLLM's
 `CPUPrimaryTierOffloadingManager` interface, `prepare_read` pinning without recording
 an access) and the tiers vLLM's own factory builds from the same `secondary_tiers` list:
-ours (`"disk"`, `"redis"`, as out-of-tree `JaxDiskTier` / `JaxRedisTier`) and vLLM's
-(`fs`, `obj`, `p2p`, ...). Every decision about tiers is vLLM's; every decision about
-host chunks is the store's, which matches vLLM's CPU manager id for id.
+ours (every kind of the tier registry, as its out-of-tree class: `"disk"` as
+`JaxDiskTier`, ...) and vLLM's (`fs`, `obj`, `p2p`, ...). Every decision about tiers
+is vLLM's; every decision about host chunks is the store's, which matches vLLM's CPU
+manager id for id.
 
 The secondary tiers read and write the primary rows from the scheduler process, so the
 rows live in a `SharedHostRegion` that the scheduler and every worker map, laid out as

@@ -9,10 +9,15 @@ vLLM's `SecondaryTierFactory` imports `module_path` and takes the class named by
          "url": "redis://cache.internal:6379/0"}
     ]
 
-The other keys are the options of `DiskTierConfig` / `RedisTierConfig` (docs/tiers.md),
-checked by the same parser as our own `secondary_tiers`. Each tier stores whole rows of
-vLLM's primary (CPU) tier, one entry per offload key, in the namespace of the spec's
-`OffloadingConfig` (`namespace_digest(..., rank=None)`: a row holds every worker's bytes).
+Every kind of the tier registry has a class here, named by its `TierKind.vllm_class`;
+the other keys are the options of its configuration (`DiskTierConfig`,
+`RedisTierConfig`, docs/tiers.md), checked by the same parser as our own
+`secondary_tiers`. Each tier stores whole rows of vLLM's primary (CPU) tier, one entry
+per offload key, in the namespace of the spec's `OffloadingConfig`
+(`namespace_digest(..., rank=None)`: a row holds every worker's bytes). vLLM's view of
+where the bytes are follows the tier's `medium`: always `Medium.STORAGE`; a "remote"
+tier (a shared server) has locality REMOTE and reports hits as `EXTERNAL_UNSPECIFIED`,
+a "disk" tier as `DISK`.
 
 Lookups go through vLLM's own `AsyncLookupManager` (the first lookup of a key answers
 RETRY while a background thread asks the tier), as vLLM's `fs` tier does. A load that
@@ -27,42 +32,72 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from jax_kvoffload.config import tier_config_from_dict
+from jax_kvoffload._log_once import LogOnce
+from jax_kvoffload.config.internals import (
+    TierKind,
+    tier_config_from_dict,
+    tier_kind_for_vllm_class,
+    tier_kinds,
+)
 from jax_kvoffload.errors import KVOffloadValueError
-from jax_kvoffload.tiers import TierBufferSizeError
+from jax_kvoffload.tiers import TierBufferSizeError, tier_class
 
-__all__ = ["JaxDiskTier", "JaxRedisTier", "build_tier_classes"]
+__all__ = [*(k.vllm_class for k in tier_kinds()), "build_tier_classes", "vllm_tier_class"]
 
 logger = logging.getLogger(__name__)
 
-if TYPE_CHECKING:  # built on first access by __getattr__ (they import vLLM)
-    JaxDiskTier: type
-    JaxRedisTier: type
-
-_LAZY = ("JaxDiskTier", "JaxRedisTier")
-
 
 def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return build_tier_classes()[name]
+    kind = tier_kind_for_vllm_class(name)
+    if kind is not None:
+        return vllm_tier_class(kind)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-@functools.cache
+def __dir__() -> list[str]:
+    return sorted({*globals(), *(k.vllm_class for k in tier_kinds())})
+
+
 def build_tier_classes() -> dict[str, type]:
-    """Returns `{"JaxDiskTier": ..., "JaxRedisTier": ...}` (vLLM subclasses)."""
+    """`{vllm_class: class}` of every registered kind (vLLM subclasses)."""
+    return {k.vllm_class: vllm_tier_class(k) for k in tier_kinds()}
+
+
+@functools.cache
+def vllm_tier_class(kind: TierKind) -> type:
+    """The vLLM `SecondaryTierManager` subclass of our tier kind `kind`."""
+    from vllm.v1.kv_offload.base import Locality, Medium
+    from vllm.v1.metrics.cache_hit_source import CacheHitSource
+
+    ours = tier_class(kind)
+    remote = ours.medium == "remote"
+    attrs: dict[str, Any] = {
+        "__module__": __name__,
+        "__qualname__": kind.vllm_class,
+        "__doc__": f"`{ours.__name__}` as a vLLM secondary tier (medium STORAGE"
+        + (", a remote store: locality REMOTE)." if remote else ": hits count as disk)."),
+        "medium": Medium.STORAGE,
+        "_kind": kind,
+        "_default_locality": Locality.REMOTE if remote else None,
+    }
+    if remote:
+        attrs["cache_hit_source"] = CacheHitSource.EXTERNAL_UNSPECIFIED
+    return type(kind.vllm_class, (_manager_base(),), attrs)
+
+
+@functools.cache
+def _manager_base() -> type:
+    """The vLLM `SecondaryTierManager` over one of our tiers, the base of every kind's."""
     from vllm.v1.kv_offload.base import (
         Locality,
         LookupResult,
-        Medium,
         OffloadingEvent,
         RequestOffloadingContext,
     )
     from vllm.v1.kv_offload.tiering.async_lookup import AsyncLookupManager
     from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager
-    from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
     from jax_kvoffload.bridge._vllm_spec import our_offloading_config
     from jax_kvoffload.tiers import namespace_digest, namespace_fields, open_tier
@@ -78,7 +113,8 @@ def build_tier_classes() -> dict[str, type]:
     class _JaxTierManager(SecondaryTierManager):
         """One of our tiers behind vLLM's tiering manager (see the module docstring)."""
 
-        _ours: str = ""
+        _kind: TierKind  # each kind's subclass (vllm_tier_class) sets these two
+        _default_locality: Any = None
 
         def __init__(
             self,
@@ -90,13 +126,13 @@ def build_tier_classes() -> dict[str, type]:
         ) -> None:
             super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
             config = tier_config_from_dict(
-                {"type": self._ours, **options}, f"secondary_tiers[type={tier_type!r}]"
+                {"type": self._kind.name, **options}, f"secondary_tiers[type={tier_type!r}]"
             )
             ours = our_offloading_config(offloading_spec.config)
             self._tier = open_tier(config, namespace_digest(ours), describe=namespace_fields(ours))
             self._rows = primary_kv_view.cast("B")
             self._row_bytes = self.block_size_bytes
-            default = Locality.REMOTE if self._ours == "redis" else None
+            default = self._default_locality
             self.locality = Locality(config.locality) if config.locality else default
             self._events: list | None = None
             if config.enable_kv_events:
@@ -109,7 +145,7 @@ def build_tier_classes() -> dict[str, type]:
                         tier_type,
                     )
             self._jobs: dict[int, tuple[Any, bool]] = {}
-            self._size_warned = False
+            self._log_once = LogOnce()  # once per tier, not per process
             self._lookup = _Lookup(self._tier, tier_type)
 
         def _row(self, chunk_id: int) -> memoryview:
@@ -150,9 +186,9 @@ def build_tier_classes() -> dict[str, type]:
                     r = future.result()
                 except TierBufferSizeError as e:  # another geometry's entry: misses, kept
                     # Once per tier at WARNING: it recurs every step while the entry stays.
-                    level = logging.DEBUG if self._size_warned else logging.WARNING
-                    self._size_warned = True
-                    logger.log(level, "%s: %s; such keys are misses", self.tier_type, e)
+                    self._log_once(
+                        logger, "size", "%s: %s; such keys are misses", self.tier_type, e
+                    )
                     r = e.result
                 ok_keys = r.ok_keys
                 if is_load and r.failed_keys:
@@ -212,19 +248,4 @@ def build_tier_classes() -> dict[str, type]:
             """Our `SecondaryTier` underneath (its `stats()`, for tests and tools)."""
             return self._tier
 
-    class JaxDiskTier(_JaxTierManager):
-        """`DiskTier` as a vLLM secondary tier (medium STORAGE: hits count as disk)."""
-
-        medium = Medium.STORAGE
-        _ours = "disk"
-
-    class JaxRedisTier(_JaxTierManager):
-        """`RedisTier` as a vLLM secondary tier (a remote store; locality REMOTE)."""
-
-        medium = Medium.STORAGE
-        cache_hit_source = CacheHitSource.EXTERNAL_UNSPECIFIED
-        _ours = "redis"
-
-    for cls in (JaxDiskTier, JaxRedisTier):
-        cls.__module__ = __name__
-    return {"JaxDiskTier": JaxDiskTier, "JaxRedisTier": JaxRedisTier}
+    return _JaxTierManager

@@ -7,12 +7,12 @@ cache description (`KVCacheConfig` with its spec classes). Every error derives f
 vLLM raises `ValueError` or asserts, a `ConfigTypeError` (a `TypeError`) for a wrong
 type. This package imports nothing else of ours.
 
-This module exports what a user needs. The translation's parts live in the semi-public
-`jax_kvoffload.config.internals` and the canonical byte mappings in
-`jax_kvoffload.config.canonical` (for our other packages, tools and tests).
+This module exports what a user needs to describe an engine and configure offloading.
+The translation's parts, the tier registry (`TierKind`; users reach it through
+`jax_kvoffload.tiers`) and what our other packages need live in the semi-public
+`jax_kvoffload.config.internals`; the canonical byte mappings in
+`jax_kvoffload.config.canonical`.
 """
-
-from typing import Any
 
 from jax_kvoffload.config._boundary import OffloadingCacheConfig as OffloadingCacheConfig
 from jax_kvoffload.config._boundary import OffloadingConfig as OffloadingConfig
@@ -44,7 +44,6 @@ from jax_kvoffload.config._errors import StateAlignmentError as StateAlignmentEr
 from jax_kvoffload.config._errors import TokensPerHashError as TokensPerHashError
 from jax_kvoffload.config._errors import WindowSpecError as WindowSpecError
 from jax_kvoffload.config._errors import ZeroChunkSizeError as ZeroChunkSizeError
-from jax_kvoffload.config._host_tier import HOST_POOLS as HOST_POOLS
 from jax_kvoffload.config._host_tier import HostTierConfig as HostTierConfig
 from jax_kvoffload.config._host_tier import host_tier_config as host_tier_config
 from jax_kvoffload.config._kv_cache import KVCacheConfig as KVCacheConfig
@@ -70,18 +69,12 @@ from jax_kvoffload.config._specs import SinkFullAttentionSpec as SinkFullAttenti
 from jax_kvoffload.config._specs import SlidingWindowMLASpec as SlidingWindowMLASpec
 from jax_kvoffload.config._specs import SlidingWindowSpec as SlidingWindowSpec
 from jax_kvoffload.config._specs import UniformTypeKVCacheSpecs as UniformTypeKVCacheSpecs
-from jax_kvoffload.config._tiers import OUR_TIER_CLASSES as OUR_TIER_CLASSES
-from jax_kvoffload.config._tiers import VLLM_TIER_TYPES as VLLM_TIER_TYPES
-from jax_kvoffload.config._tiers import DiskTierConfig as DiskTierConfig
-from jax_kvoffload.config._tiers import RedisTierConfig as RedisTierConfig
+from jax_kvoffload.config._tier_disk import DiskTierConfig as DiskTierConfig
+from jax_kvoffload.config._tier_options import VllmTierConfig as VllmTierConfig
+from jax_kvoffload.config._tier_redis import RedisTierConfig as RedisTierConfig
+from jax_kvoffload.config._tier_values import TierConfigError as TierConfigError
 from jax_kvoffload.config._tiers import TierConfig as TierConfig
-from jax_kvoffload.config._tiers import TierConfigError as TierConfigError
-from jax_kvoffload.config._tiers import VllmTierConfig as VllmTierConfig
 from jax_kvoffload.config._tiers import parse_secondary_tiers as parse_secondary_tiers
-from jax_kvoffload.config._tiers import (
-    secondary_tiers_from_extra_config as secondary_tiers_from_extra_config,
-)
-from jax_kvoffload.config._tiers import tier_config_from_dict as tier_config_from_dict
 from jax_kvoffload.config._translate import build_offloading_config as build_offloading_config
 
 # Grouped by what a user does with them, not sorted.
@@ -127,17 +120,12 @@ __all__ = [  # noqa: RUF022
     # the host tier's extra-config keys, parsed once (docs/tiers.md)
     "host_tier_config",
     "HostTierConfig",
-    "HOST_POOLS",
     # secondary tiers (the `secondary_tiers` extra-config key, docs/tiers.md)
     "parse_secondary_tiers",
-    "secondary_tiers_from_extra_config",
-    "tier_config_from_dict",
     "TierConfig",
     "DiskTierConfig",
     "RedisTierConfig",
     "VllmTierConfig",
-    "OUR_TIER_CLASSES",
-    "VLLM_TIER_TYPES",
     "TierConfigError",
     # canonical pages by hand (docs/canonical.md)
     "register_canonical_layout",
@@ -159,36 +147,3 @@ __all__ = [  # noqa: RUF022
     "WindowSpecError",
     "CanonicalLayoutError",
 ]
-
-# Names this module exported before the split, now in the semi-public submodules. They
-# stay importable from here (no warning: our CI turns warnings into errors) so that code
-# written before keeps working; new code imports them from the submodule.
-_MOVED = {
-    "internals": (
-        "Certification",
-        "FrozenDict",
-        "as_dtype",
-        "certify",
-        "get_offloading_group_ids",
-        "get_sliding_window_size_in_chunks",
-        "group_kv_bytes_per_block",
-        "iter_layer_specs",
-        "kv_quant_mode_for",
-        "resolve_dcp_kv_block_size",
-        "resolve_kv_cache_block_sizes",
-        "spec_certifiable",
-    ),
-}
-_MOVED_FROM = {name: module for module, names in _MOVED.items() for name in names}
-
-
-def __getattr__(name: str) -> Any:
-    import importlib
-
-    # Every name of the canonical submodule was exported here before the split.
-    module = _MOVED_FROM.get(name)
-    if module is None and name in importlib.import_module(f"{__name__}.canonical").__all__:
-        module = "canonical"
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{module}"), name)

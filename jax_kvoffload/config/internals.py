@@ -2,7 +2,8 @@
 
 `build_offloading_config` (in `jax_kvoffload.config`) is the user API. Its steps, the
 certification gates `config explain` prints, the JSON description loader, the value
-checks and the trusted construction the vLLM adapter uses live here, so that our other
+checks, the trusted construction the vLLM adapter uses and the tier registry
+(`TierKind`, re-exported for users by `jax_kvoffload.tiers`) live here, so that our other
 packages never import `jax_kvoffload.config._*` modules (the error root is defined here
 because `config` imports nothing of ours; users import it from `jax_kvoffload.errors`).
 Names here are stable within a release; they are not part of the user API.
@@ -34,6 +35,19 @@ from jax_kvoffload.config._gates import Verdict as Verdict
 from jax_kvoffload.config._gates import spec_certifiable as spec_certifiable
 from jax_kvoffload.config._specs import iter_layer_specs as iter_layer_specs
 from jax_kvoffload.config._specs import kv_quant_mode_for as kv_quant_mode_for
+from jax_kvoffload.config._tier_kinds import TierKind as TierKind
+from jax_kvoffload.config._tier_kinds import kind_names_in_words as kind_names_in_words
+from jax_kvoffload.config._tier_kinds import register_tier_kind as register_tier_kind
+from jax_kvoffload.config._tier_kinds import (
+    tier_kind_for_vllm_class as tier_kind_for_vllm_class,
+)
+from jax_kvoffload.config._tier_kinds import tier_kinds as tier_kinds
+from jax_kvoffload.config._tier_kinds import unregister_tier_kind as unregister_tier_kind
+from jax_kvoffload.config._tier_options import TierOptions as TierOptions
+from jax_kvoffload.config._tiers import (
+    secondary_tiers_from_extra_config as secondary_tiers_from_extra_config,
+)
+from jax_kvoffload.config._tiers import tier_config_from_dict as tier_config_from_dict
 from jax_kvoffload.config._translate import Certification as Certification
 from jax_kvoffload.config._translate import certify as certify
 from jax_kvoffload.config._translate import get_offloading_group_ids as get_offloading_group_ids
@@ -54,6 +68,8 @@ __all__ = [
     "KVOffloadStateError",
     "KVOffloadTypeError",
     "KVOffloadValueError",
+    "TierKind",
+    "TierOptions",
     "Verdict",
     "as_dtype",
     "certify",
@@ -65,13 +81,20 @@ __all__ = [
     "get_sliding_window_size_in_chunks",
     "group_kv_bytes_per_block",
     "iter_layer_specs",
+    "kind_names_in_words",
     "kv_cache_config_from_dict",
     "kv_quant_mode_for",
     "load_description",
+    "register_tier_kind",
     "resolve_dcp_kv_block_size",
     "resolve_kv_cache_block_sizes",
+    "secondary_tiers_from_extra_config",
     "show",
     "spec_certifiable",
     "spec_from_dict",
     "thaw",
+    "tier_config_from_dict",
+    "tier_kind_for_vllm_class",
+    "tier_kinds",
+    "unregister_tier_kind",
 ]

@@ -6,23 +6,27 @@ entries (`_entry.py`): a header with the namespace digest of the engine's
 `OffloadingConfig`, the key, the length and a CRC32C of the payload. A hit never returns
 wrong bytes. `open_tier(config, namespace)` builds a tier from its typed configuration
 (`parse_secondary_tiers` reads vLLM's `secondary_tiers` extra-config key).
+
+Each kind of tier is declared once, by a `TierKind` in the tier registry (its `type`,
+its configuration class, its `SecondaryTier` class, its vLLM class name); the parser,
+`open_tier` and the vLLM classes follow from it. `register_tier_kind` adds a kind at run
+time (CONTRIBUTING.md, "Adding a tier").
 """
 
-from jax_kvoffload.config import OUR_TIER_CLASSES as OUR_TIER_CLASSES
-from jax_kvoffload.config import VLLM_TIER_TYPES as VLLM_TIER_TYPES
 from jax_kvoffload.config import DiskTierConfig as DiskTierConfig
 from jax_kvoffload.config import RedisTierConfig as RedisTierConfig
 from jax_kvoffload.config import TierConfig as TierConfig
 from jax_kvoffload.config import TierConfigError as TierConfigError
 from jax_kvoffload.config import VllmTierConfig as VllmTierConfig
 from jax_kvoffload.config import parse_secondary_tiers as parse_secondary_tiers
-from jax_kvoffload.config import (
-    secondary_tiers_from_extra_config as secondary_tiers_from_extra_config,
-)
-from jax_kvoffload.config import tier_config_from_dict as tier_config_from_dict
+from jax_kvoffload.config.internals import TierKind as TierKind
+from jax_kvoffload.config.internals import TierOptions as TierOptions
+from jax_kvoffload.config.internals import register_tier_kind as register_tier_kind
+from jax_kvoffload.config.internals import tier_kinds as tier_kinds
+from jax_kvoffload.config.internals import unregister_tier_kind as unregister_tier_kind
 from jax_kvoffload.tiers._base import SecondaryTier as SecondaryTier
+from jax_kvoffload.tiers._base import TierCounters as TierCounters
 from jax_kvoffload.tiers._base import TierJobResult as TierJobResult
-from jax_kvoffload.tiers._base import TierStats as TierStats
 from jax_kvoffload.tiers._crc import CRC32C_BACKEND as CRC32C_BACKEND
 from jax_kvoffload.tiers._crc import crc32c as crc32c
 from jax_kvoffload.tiers._disk import DiskTier as DiskTier
@@ -36,14 +40,13 @@ from jax_kvoffload.tiers._errors import TierKeyError as TierKeyError
 from jax_kvoffload.tiers._errors import TierStateError as TierStateError
 from jax_kvoffload.tiers._errors import UnsafeDirectoryError as UnsafeDirectoryError
 from jax_kvoffload.tiers._factory import open_tier as open_tier
+from jax_kvoffload.tiers._factory import tier_class as tier_class
 from jax_kvoffload.tiers._redis import RedisTier as RedisTier
 from jax_kvoffload.tiers._redis import RedisTopology as RedisTopology
 
 __all__ = [
     "CRC32C_BACKEND",
     "ENTRY_VERSION",
-    "OUR_TIER_CLASSES",
-    "VLLM_TIER_TYPES",
     "DirectIOUnavailableError",
     "DiskTier",
     "DiskTierConfig",
@@ -55,10 +58,12 @@ __all__ = [
     "TierClosedError",
     "TierConfig",
     "TierConfigError",
+    "TierCounters",
     "TierJobResult",
     "TierKeyError",
+    "TierKind",
+    "TierOptions",
     "TierStateError",
-    "TierStats",
     "UnsafeDirectoryError",
     "VllmTierConfig",
     "crc32c",
@@ -66,6 +71,8 @@ __all__ = [
     "namespace_fields",
     "open_tier",
     "parse_secondary_tiers",
-    "secondary_tiers_from_extra_config",
-    "tier_config_from_dict",
+    "register_tier_kind",
+    "tier_class",
+    "tier_kinds",
+    "unregister_tier_kind",
 ]

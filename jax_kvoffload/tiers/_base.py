@@ -10,10 +10,10 @@ from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
 from jax_kvoffload.errors import KVOffloadTypeError
+from jax_kvoffload.tiers._checks import check_keys
 from jax_kvoffload.tiers._errors import TierClosedError
-from jax_kvoffload.tiers._payload import check_keys
 
-__all__ = ["SecondaryTier", "TierJobResult", "TierStats"]
+__all__ = ["SecondaryTier", "TierCounters", "TierJobResult"]
 
 Buffer = Any  # any object exporting a contiguous buffer (bytes, memoryview, numpy array)
 
@@ -53,8 +53,10 @@ class TierJobResult:
 
 
 @dataclass(frozen=True)
-class TierStats:
-    """A snapshot of a tier's counters (since it was opened) and occupancy.
+class TierCounters:
+    """A snapshot of a tier's counters (since it was opened) and occupancy: what
+    `SecondaryTier.stats()` returns (the offloader's view of a tier, chunks cascaded and
+    promoted, is `jax_kvoffload.stats.TierStats`).
 
     `stores_dropped` / `keys_dropped`: store jobs / keys refused under backpressure or
     while the backend was down. `corrupt`: entries that failed a check on read (removed
@@ -83,11 +85,11 @@ class TierStats:
 
 
 class Counters:
-    """Thread-safe counters behind `TierStats` (implementations add to them)."""
+    """Thread-safe counters behind `TierCounters` (implementations add to them)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._values = {f.name: 0 for f in fields(TierStats)}
+        self._values = {f.name: 0 for f in fields(TierCounters)}
 
     def add(self, **deltas: int) -> None:
         with self._lock:
@@ -98,9 +100,9 @@ class Counters:
         with self._lock:
             self._values.update(values)
 
-    def snapshot(self) -> TierStats:
+    def snapshot(self) -> TierCounters:
         with self._lock:
-            return TierStats(**self._values)
+            return TierCounters(**self._values)
 
 
 class SecondaryTier(ABC):
@@ -124,7 +126,7 @@ class SecondaryTier(ABC):
       `contains` blocks for at most the tier's timeouts.
     - **Backpressure.** A store the tier cannot take now (too many bytes queued, the
       backend down) is dropped: its future is already done with `dropped=True`, and
-      `TierStats.stores_dropped` counts it. Submitting never waits for I/O.
+      `TierCounters.stores_dropped` counts it. Submitting never waits for I/O.
     - **Buffers.** A payload given to `submit_store` must stay valid and unchanged
       until its future is done (the caller pins its host row). The `out` buffers of
       `submit_load` are written by the tier's threads until the future is done; a key
@@ -138,9 +140,15 @@ class SecondaryTier(ABC):
       once, also on `close()` (queued jobs then fail).
     - **Bounded.** No call waits without bound: I/O has timeouts (network) or is a local
       syscall; `drain(timeout)` and `close()` wait only for running I/O.
+    - **Opening.** The class a registered `TierKind` names is opened as
+      `cls(config, namespace, describe=None)`: its kind's configuration, the 32-byte
+      namespace digest, and `namespace_fields` in words (for operators; a tier may
+      ignore it). `medium` says where its bytes live.
     """
 
-    #: Where the bytes live, for medium-tagged transfers: "disk" or "remote".
+    #: Where the bytes live: "disk" (this machine) or "remote" (a server others share).
+    #: Tags the offloader's transfers; in vLLM, "remote" is locality REMOTE and hits
+    #: of an external source.
     medium: ClassVar[str] = ""
 
     def __init__(self, namespace: bytes) -> None:
@@ -201,7 +209,7 @@ class SecondaryTier(ABC):
         """The keys a lookup takes, checked now (not on the lookup thread)."""
         return check_keys(keys)
 
-    def stats(self) -> TierStats:
+    def stats(self) -> TierCounters:
         """Counters since the tier was opened, and its occupancy."""
         return self._counters.snapshot()
 

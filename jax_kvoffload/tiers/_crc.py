@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from jax_kvoffload._log_once import log_once
 from jax_kvoffload.errors import KVOffloadTypeError, KVOffloadValueError
 
 __all__ = ["CRC32C_BACKEND", "crc32c", "crc32c_numpy", "crc32c_reference"]
@@ -217,15 +218,13 @@ def _check_value(value: Any) -> None:
 
 
 def warn_if_slow() -> None:
-    """Logs once that the numpy fallback is in use (tiers call this when they start)."""
+    """Logs that the numpy fallback is in use (tiers call this when they start): at
+    WARNING for the first tier of the process."""
     if CRC32C_BACKEND == "numpy":
-        _warn_once()
-
-
-@functools.lru_cache(maxsize=1)
-def _warn_once() -> None:
-    logger.warning(
-        "CRC32C runs on the numpy fallback (about 100x slower than a C library); "
-        "tier throughput will be CPU-bound. Install the C backend: "
-        "pip install 'jax-kvoffload[tiers]' (google-crc32c)."
-    )
+        log_once(
+            logger,
+            "crc32c-numpy",
+            "CRC32C runs on the numpy fallback (about 100x slower than a C library); "
+            "tier throughput will be CPU-bound. Install the C backend: "
+            "pip install 'jax-kvoffload[tiers]' (google-crc32c).",
+        )

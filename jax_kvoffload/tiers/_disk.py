@@ -30,9 +30,12 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from jax_kvoffload._log_once import log_once
+from jax_kvoffload._threads import start_threads
 from jax_kvoffload.config import DiskTierConfig
 from jax_kvoffload.errors import KVOffloadTypeError
 from jax_kvoffload.tiers._base import Buffer, SecondaryTier, TierJobResult
+from jax_kvoffload.tiers._checks import check_items, check_keys
 from jax_kvoffload.tiers._crc import crc32c, warn_if_slow
 from jax_kvoffload.tiers._disk_entry import read_entry, write_entry
 from jax_kvoffload.tiers._disk_fs import (
@@ -51,13 +54,12 @@ from jax_kvoffload.tiers._disk_index import DiskIndex, startup_scan
 from jax_kvoffload.tiers._disk_sync import Syncer, then, unlink_quietly
 from jax_kvoffload.tiers._entry import encode_header
 from jax_kvoffload.tiers._errors import (
+    TIER_THREADS,
     DirectIOUnavailableError,
     TierStateError,
     buffer_size_error,
-    thread_error,
 )
-from jax_kvoffload.tiers._jobs import JobRunner
-from jax_kvoffload.tiers._payload import check_items, check_keys, log_once
+from jax_kvoffload.tiers._job_runner import JobRunner
 
 __all__ = ["DiskTier"]
 
@@ -156,10 +158,7 @@ class DiskTier(SecondaryTier):
             self._scanner = threading.Thread(
                 target=self._rescan, name="disk-tier-rescan", daemon=True
             )
-            try:
-                self._scanner.start()
-            except RuntimeError as e:
-                raise thread_error(self._scanner.name, e) from None
+            start_threads([self._scanner], **TIER_THREADS)
         except BaseException:
             self._scan_exited.set()  # no scanner runs
             self._close_io()

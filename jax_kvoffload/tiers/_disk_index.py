@@ -39,10 +39,8 @@ logger = logging.getLogger("jax_kvoffload.tiers._disk")
 _NS_DIR = re.compile(r"^[0-9a-f]{16}$")
 _SHARD = re.compile(r"^[0-9a-f]{2}$")
 _ENTRY = re.compile(r"^[0-9a-f]{40}\.kv$")  # entry_name(): BLAKE2b-160 in hex
-# `.<name>.<pid>[-<token>].<thread>.<n>.tmp` (names before the token: no token).
-_TMP = re.compile(r"^\..+\.(\d+)(?:-([0-9a-f]{8}))?\.\d+\.\d+\.tmp$")
-# The direct-I/O probe's name before it was a `tmp_name` (namespace directories only).
-_OLD_PROBE = re.compile(r"^\.direct-probe\.(\d+)()\.[0-9a-f]{8}$")
+# `.<name>.<pid>-<token>.<thread>.<n>.tmp` (`_disk_fs.tmp_name`).
+_TMP = re.compile(r"^\..+\.(\d+)-([0-9a-f]{8})\.\d+\.\d+\.tmp$")
 STALE_TMP_S = 3600.0
 TMP_GRACE_S = 300.0
 
@@ -252,8 +250,8 @@ def _scan_leaf(fd, rel_dir, out, me, euid, now, remove, undecided, entries=True)
             if _ENTRY.match(name) and name[:2] == rel_dir[-2:]:
                 out.append((st.st_mtime, f"{rel_dir}/{name}", st.st_size))
             continue
-        m = _TMP.match(name) or (None if entries else _OLD_PROBE.match(name))
-        if not m or (int(m.group(1)), m.group(2) or None) == (me, process_token()):
+        m = _TMP.match(name)
+        if not m or (int(m.group(1)), m.group(2)) == (me, process_token()):
             continue  # not a temporary file, or one this process is writing now
         if _stale_tmp(int(m.group(1)), me, now - st.st_mtime):
             remove(fd, name)

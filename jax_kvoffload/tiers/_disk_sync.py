@@ -47,7 +47,8 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from jax_kvoffload.tiers._errors import thread_error
+from jax_kvoffload._threads import start_threads
+from jax_kvoffload.tiers._errors import TIER_THREADS
 
 __all__ = ["SYNCFS", "Syncer", "then", "unlink_quietly"]
 
@@ -109,10 +110,7 @@ class Syncer:
         self._stop = False
         self._exited = threading.Event()  # see JobRunner.close: join alone is not enough
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        try:
-            self._thread.start()
-        except RuntimeError as e:  # out of threads
-            raise thread_error(name, e) from None
+        start_threads([self._thread], **TIER_THREADS)
 
     def submit(
         self, shard: str, tmp: str, final: str, begun: float | None = None

@@ -32,7 +32,8 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
-from jax_kvoffload.config import OffloadingConfig, canonical_format_id
+from jax_kvoffload.config import OffloadingConfig
+from jax_kvoffload.config.canonical import canonical_format_id
 from jax_kvoffload.errors import KVOffloadTypeError, KVOffloadValueError
 from jax_kvoffload.tiers._crc import crc32c
 

@@ -50,10 +50,9 @@ def buffer_size_error(index: int, got: int, stored: int, where: str) -> TierBuff
     )
 
 
-def thread_error(name: str, error: RuntimeError) -> TierStateError:
-    """A tier's thread `name` could not start (`error`: the process is out of threads)."""
-    return TierStateError(
-        f"cannot start the tier's thread {name!r}: {error}; the process is out of "
-        "threads (a container's pids limit, ulimit -u): raise the limit, or give the "
-        "tier fewer read/write threads"
-    )
+# How a tier says it cannot start a thread (`jax_kvoffload._threads.start_threads`).
+TIER_THREADS = {
+    "error": TierStateError,
+    "owner": "the tier",
+    "fix": "give the tier fewer read/write threads",
+}

@@ -23,16 +23,17 @@ import logging
 import os
 import ssl
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from jax_kvoffload._log_once import log_once
 from jax_kvoffload.config import RedisTierConfig, TierConfigError
 from jax_kvoffload.errors import KVOffloadTypeError
 from jax_kvoffload.tiers._base import Buffer, SecondaryTier, TierJobResult
+from jax_kvoffload.tiers._checks import check_items, check_keys
 from jax_kvoffload.tiers._crc import warn_if_slow
 from jax_kvoffload.tiers._errors import buffer_size_error
-from jax_kvoffload.tiers._jobs import JobRunner
-from jax_kvoffload.tiers._payload import check_items, check_keys, log_once
+from jax_kvoffload.tiers._job_runner import JobRunner
 from jax_kvoffload.tiers._redis_cluster import Router
 from jax_kvoffload.tiers._redis_exchange import Exchange
 from jax_kvoffload.tiers._redis_nodes import NodeHealth, NodeLinks
@@ -145,8 +146,10 @@ class RedisTier(SecondaryTier):
 
     medium = "remote"
 
-    def __init__(self, config: RedisTierConfig, namespace: bytes) -> None:
-        super().__init__(namespace)
+    def __init__(
+        self, config: RedisTierConfig, namespace: bytes, *, describe: Mapping | None = None
+    ) -> None:
+        super().__init__(namespace)  # `describe`: a server keeps no file beside the entries
         if not isinstance(config, RedisTierConfig):
             raise KVOffloadTypeError(
                 f"config must be a RedisTierConfig, got {type(config).__name__}"

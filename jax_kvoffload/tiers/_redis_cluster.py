@@ -23,7 +23,7 @@ import logging
 import threading
 import time
 
-from jax_kvoffload.tiers._payload import log_once
+from jax_kvoffload._log_once import log_once
 from jax_kvoffload.tiers._redis_nodes import NodeHealth
 from jax_kvoffload.tiers._resp import (
     Endpoint,

@@ -18,7 +18,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any
 
-from jax_kvoffload.tiers._payload import log_once
+from jax_kvoffload._log_once import log_once
 from jax_kvoffload.tiers._redis_cluster import Router, logger
 from jax_kvoffload.tiers._redis_nodes import NodeHealth, NodeLinks
 from jax_kvoffload.tiers._resp import RespConnection, RespConnectionError, RespServerError, command

@@ -14,8 +14,8 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
+from jax_kvoffload._log_once import log_once, reset_log_once
 from jax_kvoffload.tiers._base import Counters
-from jax_kvoffload.tiers._payload import log_once, reset_log_once
 from jax_kvoffload.tiers._resp import RespConnection, RespConnectionError
 from jax_kvoffload.tiers._slots import Address
 

@@ -24,6 +24,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from jax_kvoffload._threads import start_threads
+
 __all__ = ["Endpoint", "RespConnection", "RespConnectionError", "RespServerError"]
 
 _CRLF = b"\r\n"
@@ -100,11 +102,11 @@ def _resolve(host: str, port: int, timeout: float) -> list[tuple]:
             _lookups_running.release()
             done.set()
 
-    try:
-        threading.Thread(target=lookup, name="redis-tier-resolve", daemon=True).start()
-    except RuntimeError as e:  # out of threads: no lookup runs, its slot is free again
-        _lookups_running.release()
-        raise OSError(f"cannot look up {host!r}: {e}") from e
+    # Out of threads: no lookup runs, its slot is free again, and connecting fails.
+    thread = threading.Thread(target=lookup, name="redis-tier-resolve", daemon=True)
+    start_threads(
+        [thread], error=OSError, owner="the redis tier", stop=lambda _: _lookups_running.release()
+    )
     if not done.wait(timeout):
         raise TimeoutError(f"name lookup of {host!r} took longer than {timeout:g} s")
     if isinstance(out[0], BaseException):

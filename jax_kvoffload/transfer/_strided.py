@@ -22,7 +22,7 @@ from functools import partial
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from jax_kvoffload.config import CopyRun
+from jax_kvoffload.config.canonical import CopyRun
 
 # Copies below this many bytes per thread stay on the calling thread.
 _PARALLEL_BYTES = 4 << 20

@@ -12,7 +12,7 @@ import threading
 import pytest
 
 from jax_kvoffload.tiers._base import Counters
-from jax_kvoffload.tiers._jobs import JobRunner
+from jax_kvoffload.tiers._job_runner import JobRunner
 
 pytestmark = pytest.mark.skipif(
     threading.current_thread() is not threading.main_thread(), reason="needs the main thread"

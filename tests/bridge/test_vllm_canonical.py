@@ -17,14 +17,8 @@ import numpy as np
 import pytest
 
 from jax_kvoffload.bridge._vllm_pools import CanonicalWorkerError, tensor_mappings
-from jax_kvoffload.config import (
-    CanonicalLayoutError,
-    FullAttentionSpec,
-    KVTensorView,
-    OffloadingConfig,
-    RankContext,
-    layer_mapping,
-)
+from jax_kvoffload.config import CanonicalLayoutError, FullAttentionSpec, OffloadingConfig
+from jax_kvoffload.config.canonical import KVTensorView, RankContext, layer_mapping
 
 _ids = itertools.count()
 

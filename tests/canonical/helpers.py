@@ -10,12 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from jax_kvoffload.config import (
-    FullAttentionSpec,
-    KVTensorView,
-    MLAAttentionSpec,
-    RankContext,
-)
+from jax_kvoffload.config import FullAttentionSpec, MLAAttentionSpec
+from jax_kvoffload.config.canonical import KVTensorView, RankContext
 
 NUM_BLOCKS = 3
 

@@ -10,10 +10,12 @@ from jax_kvoffload.config import (
     KVQuantMode,
     MambaSpec,
     UniformTypeKVCacheSpecs,
+    register_canonical_layout,
+)
+from jax_kvoffload.config.canonical import (
     canonical_format_id,
     derive_canonical_mappings,
     derive_layer_mappings,
-    register_canonical_layout,
 )
 from tests.config.harness import build, engine, group, kv_config
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from jax_kvoffload.config import (
+from jax_kvoffload.config import KVQuantMode
+from jax_kvoffload.config.canonical import (
     CanonicalTilingError,
     CopyRun,
-    KVQuantMode,
     KVTensorView,
     coalesce_runs,
     layer_mapping,

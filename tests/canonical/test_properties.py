@@ -7,14 +7,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jax_kvoffload.config import (
-    FullAttentionSpec,
-    KVTensorView,
-    MLAAttentionSpec,
-    RankContext,
-    layer_mapping,
-    verify_tiling,
-)
+from jax_kvoffload.config import FullAttentionSpec, MLAAttentionSpec
+from jax_kvoffload.config.canonical import KVTensorView, RankContext, layer_mapping, verify_tiling
 from jax_kvoffload.transfer import plan_for_group
 
 

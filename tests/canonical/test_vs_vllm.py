@@ -22,11 +22,9 @@ from vllm.distributed.kv_transfer.kv_connector.v1.offloading import (  # noqa: E
 )
 from vllm.v1 import kv_cache_interface as vki  # noqa: E402
 
-from jax_kvoffload.config import (  # noqa: E402
-    FullAttentionSpec,
-    KVQuantMode,
+from jax_kvoffload.config import FullAttentionSpec, KVQuantMode, MLAAttentionSpec  # noqa: E402
+from jax_kvoffload.config.canonical import (  # noqa: E402
     KVTensorView,
-    MLAAttentionSpec,
     RankContext,
     canonical_format_id,
     layer_mapping,

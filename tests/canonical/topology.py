@@ -23,10 +23,8 @@ from jax_kvoffload.config import (
     MLAAttentionSpec,
     ModelConfig,
     ParallelConfig,
-    RankContext,
-    derive_layer_mappings,
-    rank_contexts,
 )
+from jax_kvoffload.config.canonical import RankContext, derive_layer_mappings, rank_contexts
 from jax_kvoffload.transfer import (
     CanonicalPoolView,
     GroupCaches,

@@ -5,13 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from jax_kvoffload.config import (
-    PrefixMatchUnitError,
-    StateAlignmentError,
-    UniformTypeKVCacheSpecs,
-    resolve_dcp_kv_block_size,
-    resolve_kv_cache_block_sizes,
-)
+from jax_kvoffload.config import PrefixMatchUnitError, StateAlignmentError, UniformTypeKVCacheSpecs
+from jax_kvoffload.config.internals import resolve_dcp_kv_block_size, resolve_kv_cache_block_sizes
 
 from .harness import engine, full, group, kv_config, mamba, mla
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from jax_kvoffload.config.internals import secondary_tiers_from_extra_config
 from jax_kvoffload.tiers import (
     DiskTierConfig,
     RedisTierConfig,
@@ -12,7 +13,6 @@ from jax_kvoffload.tiers import (
     VllmTierConfig,
     open_tier,
     parse_secondary_tiers,
-    secondary_tiers_from_extra_config,
 )
 
 BRIDGE = "jax_kvoffload.bridge._vllm_tiers"

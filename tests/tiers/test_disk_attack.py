@@ -267,7 +267,6 @@ def test_temporary_files_of_an_earlier_process_with_this_pid_are_removed(tmp_pat
     pid = os.getpid()
     names = {
         "earlier": f".x1.kv.{pid}-0badc0de.7.1.tmp",
-        "before_tokens": f".x2.kv.{pid}.7.2.tmp",
         "mine": f".x3.kv.{pid}-{process_token()}.7.3.tmp",
         "live": f".x4.kv.{pid}-0badc0de.7.4.tmp",
     }
@@ -303,7 +302,6 @@ def test_temporary_files_a_crash_left_in_the_namespace_directory_are_removed(tmp
     names = [
         f".namespace.json.{dead}-0badc0de.7.1.tmp",
         f".direct-probe.{dead}-0badc0de.7.2.tmp",
-        f".direct-probe.{dead}.0badc0de",  # the probe's name before it had a token
         f".namespace.json.{pid}-0badc0de.7.3.tmp",  # an earlier process with this pid
     ]
     for name in names:

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from jax_kvoffload.tiers import DiskTier, DiskTierConfig
+from jax_kvoffload.tiers._disk_fs import process_token
 
 from ._helpers import child_env, key, payload
 
@@ -92,10 +93,10 @@ def test_a_crash_between_write_and_rename_leaves_a_miss(tmp_path):
     # A temporary file of a writer that died (pid 2**22 + 1 does not exist), complete.
     final = next(os.path.join(d, f) for d, _, fs in os.walk(path) for f in fs if f.endswith(".kv"))
     leaf, name = os.path.split(final)
-    dead = os.path.join(leaf, f".{name.replace('.kv', 'x.kv')}.{2**22 + 1}.1.1.tmp")
+    dead = os.path.join(leaf, f".{name.replace('.kv', 'x.kv')}.{2**22 + 1}-0badc0de.1.1.tmp")
     with open(dead, "wb") as f:
         f.write(b"\0" * 100)
-    mine = os.path.join(leaf, f".{name}.{os.getpid()}.1.1.tmp")  # a live writer's: kept
+    mine = os.path.join(leaf, f".{name}.{os.getpid()}-{process_token()}.1.1.tmp")  # live: kept
     with open(mine, "wb") as f:
         f.write(b"\0" * 100)
     tier = DiskTier(DiskTierConfig(path=path, capacity_bytes=1 << 30), NS)

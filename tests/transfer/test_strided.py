@@ -13,10 +13,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jax_kvoffload.config import (
+from jax_kvoffload.config import FullAttentionSpec
+from jax_kvoffload.config.canonical import (
     CanonicalPageMapping,
     CopyRun,
-    FullAttentionSpec,
     KVTensorView,
     RankContext,
     layer_mapping,

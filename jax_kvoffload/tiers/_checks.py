@@ -1,34 +1,14 @@
-"""Argument checks shared by the tiers, and once-per-kind logging."""
+"""Argument checks shared by the tiers: keys, buffers, (key, buffer) items."""
 
 from __future__ import annotations
 
-import logging
-import threading
 from collections.abc import Sequence
 from typing import Any
 
 from jax_kvoffload.tiers._entry import MAX_KEY_BYTES
 from jax_kvoffload.tiers._errors import TierKeyError
 
-__all__ = ["byte_view", "check_items", "check_keys", "log_once"]
-
-_logged: set[str] = set()
-_logged_lock = threading.Lock()
-
-
-def log_once(logger: logging.Logger, kind: str, msg: str, *args: Any) -> None:
-    """Logs `msg` at WARNING the first time `kind` happens in this process, then at DEBUG
-    (a tier that fails a thousand times a second must not flood the log)."""
-    with _logged_lock:
-        first = kind not in _logged
-        _logged.add(kind)
-    logger.log(logging.WARNING if first else logging.DEBUG, msg, *args)
-
-
-def reset_log_once(kind: str) -> None:
-    """Lets `kind` log at WARNING again (a tier that recovered and fails anew)."""
-    with _logged_lock:
-        _logged.discard(kind)
+__all__ = ["byte_view", "check_items", "check_keys"]
 
 
 def check_keys(keys: Sequence[bytes], name: str = "keys", *, min_bytes: int = 1) -> list[bytes]:

@@ -20,8 +20,9 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from jax_kvoffload._threads import start_threads
 from jax_kvoffload.tiers._base import Counters, TierJobResult
-from jax_kvoffload.tiers._errors import TierBufferSizeError, thread_error
+from jax_kvoffload.tiers._errors import TIER_THREADS, TierBufferSizeError
 
 __all__ = ["JobRunner", "Task"]
 
@@ -105,19 +106,16 @@ class JobRunner:
         # (it releases the thread's state lock), so a second join would return at once
         # while the thread still runs its last task.
         self._exited = {t.name: threading.Event() for t in self._threads}
-        started = []
-        try:
-            for t in self._threads:
-                t.start()
-                started.append(t)
-        except RuntimeError as e:  # out of threads: stop those that run, then say so
-            with self._cond:
-                self._stop = True
-                self._cond.notify_all()
-            for t in started:
-                self._exited[t.name].wait()
-                t.join()
-            raise thread_error(name, e) from None
+        start_threads(self._threads, stop=self._stop_started, **TIER_THREADS)
+
+    def _stop_started(self, started: list[threading.Thread]) -> None:
+        """Ends the threads that started before one could not (the constructor fails)."""
+        with self._cond:
+            self._stop = True
+            self._cond.notify_all()
+        for t in started:
+            self._exited[t.name].wait()
+            t.join()
 
     @property
     def pending_store_bytes(self) -> int:
