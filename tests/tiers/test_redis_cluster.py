@@ -5,6 +5,7 @@ another process, and `cluster="off"` against a cluster."""
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 
 import pytest
@@ -12,6 +13,8 @@ import pytest
 from jax_kvoffload.tiers._slots import key_slot
 
 from ._cluster import HAVE_CLUSTER, NO_CLUSTER, RedisCluster
+from ._contract import CHECKS
+from ._contract_harnesses import RedisHarness
 from ._helpers import free_port, key, run_child
 from .test_redis import load, make_certs, open_redis, store
 from .test_redis import test_concurrent_writers_and_readers as concurrent_writers_and_readers
@@ -240,3 +243,49 @@ def test_a_tls_cluster(tmp_path):
             untrusted.close()
     finally:
         cluster.stop()
+
+
+class ClusterHarness(RedisHarness):
+    """The contract suite's Redis harness on the session's cluster: the tier is given
+    one node's URL; damage rewrites the value on the node that holds it; a stall pauses
+    writes on every primary."""
+
+    def __init__(self, cluster) -> None:
+        self.cluster = cluster
+
+    def start(self, tmp_path: str) -> None:
+        self.cluster.flush()
+
+    def stop(self) -> None:
+        self.cluster.wait_ok()
+
+    def options(self) -> dict:
+        return {"url": self.cluster.url, "io_timeout_s": 5.0, "read_connections": 2}
+
+    def _node(self, tier, key: bytes):
+        return self.cluster.nodes[self.cluster.owner(key_slot(tier.key_of(key)))]
+
+    def damage(self, tier, key: bytes) -> None:
+        self.server = self._node(tier, key)
+        super().damage(tier, key)
+
+    @contextlib.contextmanager
+    def stalled_stores(self, tier):
+        primaries = [self.cluster.nodes[p] for p in self.cluster.primaries()]
+        for node in primaries:
+            assert node.call(b"CLIENT", b"PAUSE", b"4000", b"WRITE") == "OK"
+        try:
+            yield
+        finally:
+            for node in primaries:
+                node.call(b"CLIENT", b"UNPAUSE")
+
+
+@pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__.removeprefix("check_"))
+def test_the_tier_contract_holds_on_a_cluster(redis_cluster, check, tmp_path):
+    harness = ClusterHarness(redis_cluster)
+    harness.start(str(tmp_path))
+    try:
+        check(harness)
+    finally:
+        harness.stop()
