@@ -70,12 +70,23 @@ def start_redis(maxmemory: int) -> tuple[subprocess.Popen, int, str]:
 
 
 def redis_benchmark(
-    host: str, port: int, test: str, size: int, n: int, c: int, p: int, *, keyspace: int
+    host: str,
+    port: int,
+    test: str,
+    size: int,
+    n: int,
+    c: int,
+    p: int,
+    *,
+    keyspace: int,
+    cluster: bool = False,
 ) -> float:
-    """Requests per second of `redis-benchmark -t test` on keys `key:<0..keyspace-1>`."""
+    """Requests per second of `redis-benchmark -t test` on keys `key:<0..keyspace-1>`
+    (`cluster`: `--cluster`, keys `key:{TAG}:<...>` with one hash tag per node)."""
     out = subprocess.run(
         [
             "redis-benchmark",
+            *(["--cluster"] if cluster else []),
             "-h",
             host,
             "-p",

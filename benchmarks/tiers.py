@@ -5,8 +5,11 @@ write + fsync and a cold read of the same bytes as one file in the same director
 (the faster of buffered and O_DIRECT; target >= 0.8). Redis (benchmarks/_tiers_redis.py):
 `RedisTier` against `redis-benchmark` SET / GET at the same value size, connections and
 pipeline depth, on the same server (one started here on a free loopback port, or
-`--redis-url` of a scratch server; target >= 0.7). Medians of `--repeats` alternating
-runs; GB/s = 10^9 bytes/s. Method and recorded numbers: docs/tiers.md "Performance".
+`--redis-url` of a scratch server; target >= 0.7). Redis Cluster (`--cluster`,
+benchmarks/_tiers_cluster.py): the tier on a 3-primary loopback cluster against
+`redis-benchmark --cluster` (target >= 0.7), and 3 primaries against 1. Medians of
+`--repeats` alternating runs; GB/s = 10^9 bytes/s. Method and recorded numbers:
+docs/tiers.md "Performance".
 
 The tiers checksum every payload: on the numpy CRC32C fallback (no google-crc32c) the
 checksum, not the tier, bounds the ratios, so the targets do not apply; the output says
@@ -15,6 +18,7 @@ so (header, table, `targets_apply: false` in the JSON).
 Usage:
   python benchmarks/tiers.py --quick      # small sizes, seconds
   python benchmarks/tiers.py              # 512 MiB per disk pass, 256 MiB per Redis pass
+  python benchmarks/tiers.py --cluster    # and the Redis Cluster part
   python benchmarks/tiers.py --json       # one JSON document on stdout
   python benchmarks/tiers.py --out DIR    # CSV + PNG (default benchmarks/results/)
 """
@@ -34,6 +38,7 @@ import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # _report, _tiers_*
 import _report
+import _tiers_cluster
 import _tiers_disk
 import _tiers_redis
 from _tiers_common import ROW_FIELDS, MiB, info_row
@@ -99,13 +104,15 @@ def judge(rows: list[dict], backend: str) -> None:
     None where the targets do not apply (numpy CRC32C)."""
     applies = targets_apply(backend)
     for r in rows:
-        if r["kind"] == "tier":
+        if r["kind"] == "tier" and r["target"] is not None:  # a scaling ratio has none
             r["target_met"] = bool(r["ratio"] >= r["target"]) if applies else None
 
 
 def shown(r: dict) -> dict:
     """A row as the tables show it (MiB, the target as a rule, met as yes / NO / n/a)."""
     met = {True: "yes", False: "NO", None: "n/a (numpy CRC32C)"}[r["target_met"]]
+    if r["target"] is None:
+        met = "(no target)"
     target = f">= {r['target']:g}" if r["target"] is not None else ""
     return {**r, "mib": r["bytes"] / MiB, "target_text": target, "met_text": met}
 
@@ -130,6 +137,11 @@ def note_for(args: argparse.Namespace, backend: str, mode: str | None, skipped: 
             f"redis: {args.values} x {args.value_kib:g} KiB on {server}, against redis-benchmark "
             f"SET / GET, same size, connections and pipeline depth (target >= "
             f"{_tiers_redis.TARGET:g})"
+        )
+    if args.cluster and not skipped:
+        parts.append(
+            f"redis cluster: the same values on 3 and on 1 loopback primaries, against "
+            f"redis-benchmark --cluster (target >= {_tiers_cluster.TARGET:g}; 3 vs 1: no target)"
         )
     if skipped:
         parts.append(skipped)
@@ -167,20 +179,21 @@ def plot(rows: list[dict], path: pathlib.Path, backend: str) -> None:
     plt = _report.pyplot() if pairs else None
     if plt is None:
         return
-    fig, ax = plt.subplots(figsize=(8, 4))
+    fig, ax = plt.subplots(figsize=(max(8, 1.3 * len(pairs)), 4.5))
     x = np.arange(len(pairs))
-    ax.bar(x - 0.2, [r["GBps"] for r in pairs], 0.4, label="tier")
-    ax.bar(x + 0.2, [r["baseline_GBps"] for r in pairs], 0.4, label="baseline (the medium)")
+    ax.bar(x - 0.2, [r["GBps"] for r in pairs], 0.4, label="tier (3 vs 1: on 3 primaries)")
+    label = "baseline (the medium; 3 vs 1: on 1 primary)"
+    ax.bar(x + 0.2, [r["baseline_GBps"] for r in pairs], 0.4, label=label)
     for i, r in enumerate(pairs):
         ax.text(
             i,
             max(r["GBps"], r["baseline_GBps"]),
-            f"{r['ratio']:.2f}x (target {r['target']:g})",
+            f"{r['ratio']:.2f}x" + (f"\n(target {r['target']:g})" if r["target"] else ""),
             ha="center",
             va="bottom",
             fontsize=8,
         )
-    ax.set_xticks(x, [f"{r['tier']}\n{r['op']}" for r in pairs], fontsize=8)
+    ax.set_xticks(x, [f"{textwrap.fill(r['tier'], 20)}\n{r['op']}" for r in pairs], fontsize=7)
     ax.set_ylabel("GB/s (10^9 bytes/s)")
     title = "Secondary tiers vs the medium (same bytes, same run)"
     if not targets_apply(backend):
@@ -241,6 +254,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-disk", action="store_true")
     p.add_argument("--no-redis", action="store_true")
     p.add_argument("--clients", action="store_true", help="compare RESP clients too")
+    p.add_argument("--cluster", action="store_true", help="the Redis Cluster part too")
     _report.add_output_args(p, pathlib.Path(__file__).resolve().parent / "results")
     return p
 
@@ -255,7 +269,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.no_disk and args.dir:
         p.error("--dir: names the directory the disk part measures; drop it or --no-disk")
     for flag in ("redis_url", "clients"):
-        if args.no_redis and getattr(args, flag):
+        if args.no_redis and getattr(args, flag) and not (flag == "clients" and args.cluster):
             name = "--" + flag.replace("_", "-")
             p.error(f"{name}: belongs to the Redis part, which --no-redis skips; drop one")
     return args
@@ -267,11 +281,14 @@ def main(argv: list[str] | None = None) -> int:
     if not targets_apply(backend):
         print(FALLBACK_WARNING, file=sys.stderr)  # seen at the start, with --json too
     skipped = ""
-    redis = not args.no_redis
-    if redis and not (shutil.which("redis-server") and shutil.which("redis-benchmark")):
-        skipped, redis = "redis-server / redis-benchmark not installed: Redis part skipped", False
+    redis, cluster = not args.no_redis, args.cluster
+    tools = ("redis-server", "redis-benchmark") + (("redis-cli",) if cluster else ())
+    if (redis or cluster) and not all(shutil.which(t) for t in tools):
+        skipped = f"{' / '.join(tools)} not installed: Redis parts skipped"
+        redis = cluster = False
         print(skipped, file=sys.stderr)
     steps = 1 + (0 if args.no_disk else args.repeats) + (args.repeats + args.clients) * redis
+    steps += (args.repeats + args.clients) * cluster
     progress = _report.Progress(steps, quiet=args.quiet)
     rows: list[dict] = []
     progress.step("CRC32C of 8 MiB")
@@ -279,6 +296,8 @@ def main(argv: list[str] | None = None) -> int:
     mode = None if args.no_disk else _tiers_disk.bench_disk(args, rows, progress.step)
     if redis:
         _tiers_redis.bench_redis(args, rows, progress.step)
+    if cluster:
+        _tiers_cluster.bench_cluster(args, rows, progress.step)
     progress.finish()
     report(args, rows, backend, note_for(args, backend, mode, skipped))
     return 0

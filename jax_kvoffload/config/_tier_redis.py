@@ -10,6 +10,7 @@ from jax_kvoffload.config._tier_values import (
     MAX_THREADS,
     TierConfigError,
     check_bool,
+    check_cluster,
     check_host,
     check_int,
     check_opt_str,
@@ -42,6 +43,12 @@ class RedisTierConfig(TierOptions):
       batch_bytes: bytes one connection pipelines before it reads the replies.
       tls_ca_file / tls_cert_file / tls_key_file / tls_verify / tls_server_name: TLS
         options for `rediss://` URLs (CA bundle, client certificate, verification, SNI).
+      cluster: "auto" (follow a Redis Cluster's redirects once a node answers one), "on"
+        (a cluster: read its slot map before the first command) or "off" (one server;
+        a redirect is an error).
+      seed_urls: more nodes of the same cluster (`redis://host:port`, the url's scheme,
+        no credentials: those of `url` serve every node), asked for the slot map when
+        `url`'s node does not answer; giving any means `cluster="on"`.
     """
 
     EXAMPLES: ClassVar = {"url": '"redis://127.0.0.1:6379/0"'}
@@ -62,11 +69,16 @@ class RedisTierConfig(TierOptions):
     tls_key_file: str | None = None
     tls_verify: bool = True
     tls_server_name: str | None = None
+    cluster: str = "auto"
+    seed_urls: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         super().__post_init__()
         w = type(self).__name__
         parse_redis_url(w, "url", self.url)
+        mode, seeds = check_cluster(w, self.url, self.cluster, self.seed_urls)
+        set_checked(self, "cluster", mode)
+        set_checked(self, "seed_urls", seeds)
         for key in ("read_connections", "write_connections"):
             value = check_int(w, key, getattr(self, key), minimum=1, maximum=MAX_THREADS)
             set_checked(self, key, value)
@@ -112,3 +124,12 @@ class RedisTierConfig(TierOptions):
     def endpoint(self) -> dict[str, Any]:
         """The parsed URL: scheme, host, port, path (unix), db, username, password."""
         return parse_redis_url(type(self).__name__, "url", self.url)
+
+    @property
+    def seed_addresses(self) -> tuple[tuple[str, int], ...]:
+        """`(host, port)` of each of `seed_urls`."""
+        w = type(self).__name__
+        return tuple(
+            (ep["host"], ep["port"])
+            for ep in (parse_redis_url(w, "seed_urls", u) for u in self.seed_urls)
+        )

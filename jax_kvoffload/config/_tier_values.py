@@ -22,6 +22,7 @@ __all__ = [
     "MAX_THREADS",
     "TierConfigError",
     "check_bool",
+    "check_cluster",
     "check_common",
     "check_host",
     "check_int",
@@ -184,6 +185,59 @@ def parse_redis_url(where: str, key: str, url: Any) -> dict[str, Any]:
         "username": urllib.parse.unquote(parts.username) if parts.username else None,
         "password": urllib.parse.unquote(parts.password) if parts.password else None,
     }
+
+
+_CLUSTER = {True: "on", False: "off", "auto": "auto", "on": "on", "off": "off"}
+MAX_SEEDS = 64
+
+
+def check_cluster(where: str, url: str, cluster: Any, seeds: Any) -> tuple[str, tuple[str, ...]]:
+    """`(cluster, seed_urls)` of a Redis tier, checked and normalised (`RedisTierConfig`):
+    a cluster's nodes are TCP addresses with database 0 only, and every seed shares
+    `url`'s scheme and credentials."""
+    if not (isinstance(cluster, (bool, str)) and cluster in _CLUSTER):
+        raise TierConfigError(where, "cluster", cluster, 'must be "auto", "on" or "off"')
+    mode = _CLUSTER[cluster]
+    if isinstance(seeds, (str, bytes)) or not isinstance(seeds, (list, tuple)):
+        raise TierConfigError(
+            where, "seed_urls", seeds, 'must be a list of URLs like ["redis://10.0.0.2:6379"]'
+        )
+    if len(seeds) > MAX_SEEDS:
+        raise TierConfigError(
+            where, "seed_urls", f"{len(seeds)} URLs", f"at most {MAX_SEEDS}; a few nodes suffice"
+        )
+    scheme = parse_redis_url(where, "url", url)["scheme"]
+    for seed in seeds:
+        ep = parse_redis_url(where, "seed_urls", seed)
+        if ep["scheme"] != scheme or ep["path"] is not None:
+            raise TierConfigError(
+                where, "seed_urls", redacted(seed), f"must be a {scheme}:// URL, as url is"
+            )
+        if ep["username"] or ep["password"] or ep["db"]:
+            raise TierConfigError(
+                where,
+                "seed_urls",
+                redacted(seed),
+                "must be redis[s]://host:port alone: url's credentials (or password_env) "
+                "serve every node, and a cluster has database 0 only",
+            )
+    if seeds:
+        if mode == "off":
+            raise TierConfigError(
+                where, "cluster", cluster, 'is "off", but seed_urls name cluster nodes'
+            )
+        mode = "on"
+    if mode == "on":
+        ep = parse_redis_url(where, "url", url)
+        if ep["path"] is not None:
+            raise TierConfigError(
+                where, "url", url, "a cluster's nodes are TCP addresses: give redis://HOST:PORT"
+            )
+        if ep["db"]:
+            raise TierConfigError(
+                where, "url", redacted(url), "a cluster has database 0 only; drop the /N"
+            )
+    return mode, tuple(seeds)
 
 
 def check_host(where: str, key: str, host: str, *, shown: Any = ABSENT) -> None:

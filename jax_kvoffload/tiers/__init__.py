@@ -1,5 +1,5 @@
 """Secondary tiers behind the host store: a crash-safe disk tier and a shared tier on a
-Redis-protocol server (docs/tiers.md).
+Redis-protocol server or cluster (docs/tiers.md).
 
 Both implement `SecondaryTier` (the contract is its docstring) and store self-describing
 entries (`_entry.py`): a header with the namespace digest of the engine's
@@ -42,6 +42,7 @@ from jax_kvoffload.tiers._errors import UnsafeDirectoryError as UnsafeDirectoryE
 from jax_kvoffload.tiers._factory import open_tier as open_tier
 from jax_kvoffload.tiers._factory import tier_class as tier_class
 from jax_kvoffload.tiers._redis import RedisTier as RedisTier
+from jax_kvoffload.tiers._redis import RedisTopology as RedisTopology
 
 __all__ = [
     "CRC32C_BACKEND",
@@ -51,6 +52,7 @@ __all__ = [
     "DiskTierConfig",
     "RedisTier",
     "RedisTierConfig",
+    "RedisTopology",
     "SecondaryTier",
     "TierBufferSizeError",
     "TierClosedError",

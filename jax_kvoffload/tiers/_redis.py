@@ -1,16 +1,19 @@
-"""RedisTier: a shared tier on a Redis-protocol server (Redis, Valkey), one key per chunk.
+"""RedisTier: a shared tier on a Redis-protocol server (Redis, Valkey), standalone or a
+Cluster, one key per chunk.
 
 Key: `<key_prefix>:<namespace 16 hex>:<block hash hex>:<group>` (docs/tiers.md). Value:
-the entry header (`_entry.py`, 68 + key bytes) followed by the payload; one `SET` writes
-it whole (single-key writes are atomic on the server), one `GET` reads it whole, header
-first, straight into the destination buffer, then the CRC32C is checked.
+the entry header followed by the payload (`_redis_ops.py`): one `SET` writes it whole,
+one `GET` reads it whole, header first, straight into the destination buffer, then the
+CRC32C is checked.
 
-Several connections (one per I/O thread, loads and stores on separate ones) pipeline
-batches of up to `batch_bytes`. A server that is down, slow or refuses writes means
-misses and failed or dropped stores, never an exception to the caller: a failed
-connection marks the server down for `retry_after_s` (doubling to 30 s while it stays
-down), during which lookups and loads miss at once and stores are dropped; every
-socket wait is bounded by `io_timeout_s`. Each kind of failure is logged once.
+Several connections per node (one per I/O thread, loads and stores on separate ones)
+pipeline batches of up to `batch_bytes`; on a cluster a batch splits into one pipeline
+per node (`_redis_exchange.py`), routed by hash slot (`_redis_cluster.py`). A node that
+is down, slow or refuses writes means misses and failed or dropped stores, never an
+exception to the caller: a failed connection marks that node down for `retry_after_s`
+(doubling to 30 s while it stays down), during which its keys miss at once and stores
+to it fail (all of them dropped at submission when no node is up); every socket wait is
+bounded by `io_timeout_s`. Each kind of failure is logged once.
 """
 
 from __future__ import annotations
@@ -20,32 +23,29 @@ import logging
 import os
 import ssl
 import threading
-import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
-from jax_kvoffload._log_once import log_once, reset_log_once
+from jax_kvoffload._log_once import log_once
 from jax_kvoffload.config import RedisTierConfig, TierConfigError
 from jax_kvoffload.errors import KVOffloadTypeError
 from jax_kvoffload.tiers._base import Buffer, SecondaryTier, TierJobResult
 from jax_kvoffload.tiers._checks import check_items, check_keys
-from jax_kvoffload.tiers._crc import crc32c, warn_if_slow
-from jax_kvoffload.tiers._entry import check_header, encode_header, header_length
+from jax_kvoffload.tiers._crc import warn_if_slow
 from jax_kvoffload.tiers._errors import buffer_size_error
 from jax_kvoffload.tiers._job_runner import JobRunner
-from jax_kvoffload.tiers._resp import (
-    Endpoint,
-    RespConnection,
-    RespConnectionError,
-    RespServerError,
-    command,
-)
+from jax_kvoffload.tiers._redis_cluster import Router
+from jax_kvoffload.tiers._redis_exchange import Exchange
+from jax_kvoffload.tiers._redis_nodes import NodeHealth, NodeLinks
+from jax_kvoffload.tiers._redis_ops import ExistsOp, GetOp, SetOp, is_bad
+from jax_kvoffload.tiers._resp import Endpoint, RespServerError
+from jax_kvoffload.tiers._slots import Address
 
-__all__ = ["RedisTier", "redis_key"]
+__all__ = ["RedisTier", "RedisTopology", "redis_key"]
 
 logger = logging.getLogger(__name__)
 
-_MAX_RETRY_S = 30.0
-_MAX_IDLE = 4  # connections kept for contains() calls from other threads
+_MAX_IDLE = 4  # connection sets kept for contains() calls from other threads
 # The server-side key spells the last 4 bytes (the group index) as a number and the rest
 # in hex: keys shorter than 4 bytes would collide (b"\x01" and b"\x00\x01").
 _MIN_KEY_BYTES = 4
@@ -103,14 +103,41 @@ def endpoint_from_config(config: RedisTierConfig) -> Endpoint:
     )
 
 
-def _in_sync(conn: RespConnection, batch, items, *args):
-    """Runs `batch(conn, items, *args)`; an unexpected exception (the job runner fails the
-    task) closes the connection, so the thread's next task never reads this one's replies."""
-    try:
-        return batch(conn, items, *args)
-    except BaseException:
-        conn.close()
-        raise
+@dataclass(frozen=True)
+class RedisTopology:
+    """What a Redis tier knows of its server(s) now (`RedisTier.topology()`).
+
+    Attributes:
+      cluster: whether keys are routed by hash slot (a cluster, configured or detected).
+      slots: primaries `"host:port"` -> the number of hash slots each serves (one node
+        with all 16384 for a standalone server).
+      down: the nodes (primaries or not) that failed and have not answered since.
+      map_refreshes: slot maps read and believed since the tier was opened.
+      redirects: `-MOVED` / `-ASK` replies followed.
+    """
+
+    cluster: bool
+    slots: dict[str, int]
+    down: tuple[str, ...]
+    map_refreshes: int
+    redirects: int
+
+
+class _Thread:
+    """One I/O thread's connections and the exchange running on them."""
+
+    def __init__(self, tier: RedisTier) -> None:
+        self.links = NodeLinks(tier._router.connection)
+        self.exchange = Exchange(tier._router, tier._health, self.links)
+
+    def run(self, op, rkeys):
+        """`exchange.run`; an unexpected exception (the job runner fails the task) closes
+        the connections, so the thread's next task never reads this one's replies."""
+        try:
+            return self.exchange.run(op, rkeys)
+        except BaseException:
+            self.links.close()
+            raise
 
 
 class RedisTier(SecondaryTier):
@@ -131,20 +158,28 @@ class RedisTier(SecondaryTier):
         warn_if_slow()
         self._endpoint = endpoint_from_config(config)
         self._where = self._endpoint.describe()
-        self._health = threading.Lock()
-        self._down_until = 0.0
-        self._backoff = config.retry_after_s
-        self._down = False
-        self._idle: list[RespConnection] = []  # for contains(), any thread
+        self._health = NodeHealth(config.retry_after_s, self._counters, self._describe)
+        self._router = Router(
+            self._endpoint,
+            config.cluster,
+            config.seed_addresses,
+            self._health,
+            config.key_prefix,
+        )
+        self._idle_lock = threading.Lock()
+        self._idle: list[_Thread] = []  # for contains(), any thread
         self._runner = JobRunner(
             "redis-tier",
             config.read_connections,
             config.write_connections,
             config.max_pending_store_bytes,
             self._counters,
-            make_state=lambda kind: RespConnection(self._endpoint),
-            close_state=lambda conn: conn.close(),
+            make_state=lambda kind: _Thread(self),
+            close_state=lambda state: state.links.close(),
         )
+
+    def _describe(self, node: Address) -> str:
+        return self._router.describe(node)
 
     def _check_lookup_keys(self, keys: Sequence[bytes]) -> list[bytes]:
         return check_keys(keys, min_bytes=_MIN_KEY_BYTES)
@@ -156,52 +191,20 @@ class RedisTier(SecondaryTier):
     # ---- health --------------------------------------------------------------------------
 
     def available(self) -> bool:
-        """False while the server is considered down (within `retry_after_s`)."""
-        return time.monotonic() >= self._down_until
+        """False while every primary and seed node is considered down (within
+        `retry_after_s`): stores are then dropped at submission."""
+        return self._health.any_up((*self._router.primaries(), *self._router.seeds))
 
-    def _mark_down(self, err: Exception) -> None:
-        self._counters.add(errors=1)
-        now = time.monotonic()
-        with self._health:
-            if self._down and now < self._down_until:
-                return  # another connection of the same outage: already down
-            first = not self._down
-            self._down = True
-            self._down_until = now + self._backoff
-            wait, self._backoff = self._backoff, min(2 * self._backoff, _MAX_RETRY_S)
-        if first:
-            reset_log_once(f"redis-up-{self._where}")
-            log_once(
-                logger,
-                f"redis-down-{self._where}",
-                "redis tier: %s failed (%s); "
-                "lookups miss and stores are dropped, retrying in %.1f s",
-                self._where,
-                err,
-                wait,
-            )
-
-    def _mark_up(self) -> None:
-        if not self._down:
-            return
-        with self._health:
-            was, self._down = self._down, False
-            self._backoff = self.config.retry_after_s
-        if was:
-            reset_log_once(f"redis-down-{self._where}")
-            logger.warning("redis tier: %s answers again", self._where)
-
-    def _ready(self, conn: RespConnection) -> bool:
-        """Connects `conn` if needed; False (and the server marked down) if it cannot."""
-        if not self.available():
-            return False
-        if not conn.connected:
-            try:
-                conn.connect()
-            except RespConnectionError as e:
-                self._mark_down(e)
-                return False
-        return True
+    def topology(self) -> RedisTopology:
+        """The slot map in use, the nodes down, and how often the map changed."""
+        router = self._router
+        return RedisTopology(
+            cluster=router.is_cluster,
+            slots={f"{h}:{p}": n for (h, p), n in router.slot_map.slot_counts().items()},
+            down=tuple(f"{h}:{p}" for h, p in self._health.down(self._health.known())),
+            map_refreshes=router.refreshes,
+            redirects=router.redirects,
+        )
 
     # ---- public API --------------------------------------------------------------------
 
@@ -210,37 +213,23 @@ class RedisTier(SecondaryTier):
         keys = check_keys(keys, min_bytes=_MIN_KEY_BYTES)
         out = [False] * len(keys)
         if keys:
-            with self._health:
-                conn = self._idle.pop() if self._idle else RespConnection(self._endpoint)
-            reused = conn.connected
-
-            def attempt() -> list[bool]:
-                conn.begin()
-                conn.send([command(b"EXISTS", self.key_of(k)) for k in keys])
-                replies = [conn.read_reply() for _ in keys]
-                for r in replies:
-                    if not isinstance(r, (int, RespServerError)):
-                        raise conn.unexpected(r, "EXISTS")
-                return [r == 1 for r in replies]
-
+            with self._idle_lock:
+                state = self._idle.pop() if self._idle else _Thread(self)
             in_sync = False
             try:
-                if self._ready(conn):
-                    out = self._exchange(conn, reused, attempt)
-                    self._mark_up()
+                rkeys = [self.key_of(k) for k in keys]
+                replies = state.exchange.run(ExistsOp(rkeys), rkeys)
+                out = [r == 1 for r in replies]
                 in_sync = True
-            except RespConnectionError as e:
-                self._mark_down(e)
-                out = [False] * len(keys)
             finally:
-                # Only a connection whose every reply was read goes back to the pool: one
+                # Only connections whose every reply was read go back to the pool: one
                 # left mid-reply would answer the next caller with a stale reply.
-                with self._health:
-                    keep = in_sync and conn.connected and len(self._idle) < _MAX_IDLE
+                with self._idle_lock:
+                    keep = in_sync and state.links.connected and len(self._idle) < _MAX_IDLE
                     if keep:
-                        self._idle.append(conn)
+                        self._idle.append(state)
                 if not keep:
-                    conn.close()
+                    state.links.close()
         self._counters.add(lookups=len(out), lookup_hits=sum(out))
         return out
 
@@ -249,7 +238,7 @@ class RedisTier(SecondaryTier):
         views = check_items(items, "items", min_bytes=_MIN_KEY_BYTES)
         self._counters.add(stores_submitted=1)
         tasks = [
-            (a, b, lambda conn, a=a, b=b: _in_sync(conn, self._store_batch, views[a:b]))
+            (a, b, lambda state, a=a, b=b: self._store_batch(state, views[a:b]))
             for a, b in self._batches([len(v) for _, v in views])
         ]
         nbytes = sum(len(v) for _, v in views)
@@ -262,7 +251,7 @@ class RedisTier(SecondaryTier):
         views = check_items(items, "items", writable=True, min_bytes=_MIN_KEY_BYTES)
         self._counters.add(loads_submitted=1)
         tasks = [
-            (a, b, lambda conn, a=a, b=b: _in_sync(conn, self._load_batch, views[a:b], a))
+            (a, b, lambda state, a=a, b=b: self._load_batch(state, views[a:b], a))
             for a, b in self._batches([len(v) for _, v in views])
         ]
         return self._runner.submit("load", [k for k, _ in views], tasks, 0)
@@ -272,10 +261,10 @@ class RedisTier(SecondaryTier):
 
     def _close_io(self) -> None:
         self._runner.close()
-        with self._health:
+        with self._idle_lock:
             idle, self._idle = self._idle, []
-        for conn in idle:
-            conn.close()
+        for state in idle:
+            state.links.close()
 
     def _batches(self, sizes: list[int]) -> list[tuple[int, int]]:
         # Runs of keys of at most batch_bytes each (at least one key), so one job spreads
@@ -292,53 +281,9 @@ class RedisTier(SecondaryTier):
 
     # ---- I/O ---------------------------------------------------------------------------
 
-    def _exchange(self, conn: RespConnection, reused: bool, attempt):
-        """`attempt()` (send a batch, read its replies) on `conn`; a reused connection
-        that fails fast (reset, closed: the server restarted since its last use) is
-        retried once on a fresh one. A timeout is not retried: the wait stays bounded."""
-        try:
-            return attempt()
-        except RespConnectionError as e:
-            if not reused or e.timed_out or not self._ready(conn):
-                raise
-            return attempt()
-
-    def _store_batch(self, conn: RespConnection, items) -> tuple[list[bool], int]:
-        reused = conn.connected
-        if not self._ready(conn):
-            self._counters.add(store_failures=len(items))
-            return [False] * len(items), 0
-        expiry = (b"EX", str(self.config.ttl_s).encode()) if self.config.ttl_s else ()
-        parts: list = []
-        for key, payload in items:
-            rkey = self.key_of(key)
-            header = encode_header(self._namespace, key, len(payload), crc32c(payload))
-            nargs = 3 + len(expiry)
-            tail = b"".join(b"\r\n$%d\r\n%s" % (len(a), a) for a in expiry)
-            parts += [
-                b"*%d\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%d\r\n"
-                % (nargs, len(rkey), rkey, len(header) + len(payload)),
-                header,
-                payload,
-                tail + b"\r\n",
-            ]
-
-        def attempt():
-            conn.begin()
-            conn.send(parts)
-            replies = [conn.read_reply() for _ in items]
-            for r in replies:
-                if r != "OK" and not isinstance(r, RespServerError):
-                    raise conn.unexpected(r, "SET")
-            return replies
-
-        try:
-            replies = self._exchange(conn, reused, attempt)
-        except RespConnectionError as e:
-            self._mark_down(e)
-            self._counters.add(store_failures=len(items))
-            return [False] * len(items), 0
-        self._mark_up()
+    def _store_batch(self, state: _Thread, items) -> tuple[list[bool], int]:
+        rkeys = [self.key_of(k) for k, _ in items]
+        replies = state.run(SetOp(self._namespace, rkeys, items, self.config.ttl_s), rkeys)
         oks = [r == "OK" for r in replies]
         for r in replies:
             if isinstance(r, RespServerError):
@@ -356,103 +301,35 @@ class RedisTier(SecondaryTier):
         )
         return oks, moved
 
-    def _load_batch(self, conn: RespConnection, items, first: int):
+    def _load_batch(self, state: _Thread, items, first: int):
         """Loads `items` (the job's from index `first` on): per key verified or not, the
         bytes moved, and the first buffer of the wrong length (a caller's error)."""
-        oks = [False] * len(items)
-        sizes: dict[int, int] = {}  # item -> stored payload length its buffer does not fit
-        reused = conn.connected
-        if not self._ready(conn):
-            self._counters.add(load_misses=len(items))
-            return oks, 0
-        try:
-            self._exchange(conn, reused, lambda: self._get_batch(conn, items, oks, sizes))
-        except RespConnectionError as e:
-            self._mark_down(e)  # keys read before the failure were verified: they stay hits
-        else:
-            self._mark_up()
-        moved = sum(len(out) for (_, out), ok in zip(items, oks, strict=True) if ok)
-        self._counters.add(load_hits=sum(oks), load_misses=len(oks) - sum(oks), bytes_read=moved)
-        if sizes:
-            i, stored = min(sizes.items())
-            return oks, moved, buffer_size_error(first + i, len(items[i][1]), stored, self._where)
-        return oks, moved
-
-    def _get_batch(self, conn: RespConnection, items, oks: list[bool], sizes: dict) -> None:
-        """One pipelined GET of every item; sets `oks[i]` for each verified hit and
-        `sizes[i]` for a whole entry that item i's buffer does not fit."""
-        oks[:] = [False] * len(items)
-        sizes.clear()
-        bad: list[bytes] = []
-        conn.begin()
-        conn.send([command(b"GET", self.key_of(k)) for k, _ in items])
-        for i, (key, out) in enumerate(items):
-            reason = self._read_value(conn, key, out)
-            if reason is None:
-                oks[i] = True
-            elif isinstance(reason, int):  # kept: the caller's buffer is the wrong size
-                sizes[i] = reason
-            elif isinstance(reason, RespServerError):  # e.g. an ACL denial: not the entry
+        rkeys = [self.key_of(k) for k, _ in items]
+        replies = state.run(GetOp(self._namespace, rkeys, items), rkeys)
+        oks = [r is None for r in replies]
+        sizes = {i: r for i, r in enumerate(replies) if isinstance(r, int)}
+        for r, rkey in zip(replies, rkeys, strict=True):
+            if isinstance(r, RespServerError):  # e.g. an ACL denial: not the entry
                 log_once(
                     logger,
-                    f"redis-get-{str(reason)[:12]}",
+                    f"redis-get-{str(r)[:12]}",
                     "redis tier: %s refused a load: %s; such loads miss",
                     self._where,
-                    reason,
+                    r,
                 )
-            elif reason != "absent":
-                bad.append(key)
+            elif is_bad(r):
                 self._counters.add(corrupt=1)
                 log_once(
                     logger,
                     "redis-corrupt",
                     "redis tier: removed a bad entry (%s) "
                     "at %s; further ones are counted in stats().corrupt",
-                    reason,
-                    self.key_of(key).decode(),
+                    r,
+                    rkey.decode(),
                 )
-        if bad:  # a concurrent rewrite may be lost: a future miss, never a wrong byte
-            conn.send([command(b"DEL", *[self.key_of(k) for k in bad])])
-            reply = conn.read_reply()
-            if not isinstance(reply, (int, RespServerError)):
-                raise conn.unexpected(reply, "DEL")
-
-    def _read_value(
-        self, conn: RespConnection, key: bytes, out: memoryview
-    ) -> str | int | RespServerError | None:
-        """Reads one GET reply into `out`; None if it is a verified hit, else why not (the
-        server's error reply, "absent", what is wrong with the stored value, or, as an
-        int, the payload length of a whole entry that `out` does not fit)."""
-        n = conn.read_bulk_header()
-        if isinstance(n, RespServerError):
-            return n
-        if n < 0:
-            return "absent"
-        hlen = header_length(len(key))
-        if n != hlen + len(out):
-            if n < hlen:
-                conn.skip(n)
-                conn.end_bulk()
-                return f"value of {n} bytes for a payload of {len(out)}"
-            # A bad value, or a whole entry of another length (the caller's buffer is
-            # wrong, not the entry): the header tells them apart.
-            head = bytearray(hlen)
-            conn.read_into(memoryview(head))
-            conn.skip(n - hlen)
-            conn.end_bulk()
-            hdr = check_header(head, namespace=self._namespace, key=key)
-            if not isinstance(hdr, str) and hdr.payload_len == n - hlen:
-                return hdr.payload_len
-            return f"value of {n} bytes for a payload of {len(out)}"
-        head = bytearray(hlen)
-        conn.read_into(memoryview(head))
-        hdr = check_header(head, namespace=self._namespace, key=key, payload_len=len(out))
-        if isinstance(hdr, str):
-            conn.skip(len(out))
-            conn.end_bulk()
-            return hdr
-        conn.read_into(out)
-        conn.end_bulk()
-        if crc32c(out) != hdr.payload_crc:
-            return "payload checksum mismatch"
-        return None
+        moved = sum(len(out) for (_, out), ok in zip(items, oks, strict=True) if ok)
+        self._counters.add(load_hits=sum(oks), load_misses=len(oks) - sum(oks), bytes_read=moved)
+        if sizes:
+            i, stored = min(sizes.items())
+            return oks, moved, buffer_size_error(first + i, len(items[i][1]), stored, self._where)
+        return oks, moved

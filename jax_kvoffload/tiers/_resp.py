@@ -5,7 +5,8 @@ Why our own (measured in benchmarks/tiers.py `--clients`): a value goes out with
 into a command buffer), and a GET reply is read straight into the destination row
 (`recv_into`), header first, so it can be checked before a byte lands in the row's
 payload. redis-py and coredis copy each value into `bytes` at least once on each side.
-It speaks only what the tier needs: AUTH, SELECT, SET, GET, EXISTS, PING, pipelined.
+It speaks only what the tier needs: AUTH, SELECT, SET, GET, EXISTS, DEL, pipelined, and
+ASKING and CLUSTER SHARDS / SLOTS for a cluster.
 
 Every operation has a deadline (`io_timeout_s` for a whole pipelined batch); a timeout,
 a reset, or a protocol surprise closes the connection (`RespConnectionError`), so a
@@ -32,8 +33,9 @@ _IOV_MAX = 512  # below Linux's 1024 iovec limit per sendmsg
 _RECV_CHUNK = 1 << 16
 _SOCK_BUF = 4 << 20  # large socket buffers keep multi-MiB values streaming
 # Replies other than GET values (which `read_bulk_header` streams into their rows) are
-# small: +OK, integers, AUTH/SELECT answers. Anything larger or nested deeper is a server
-# out of its mind: the connection is dropped instead of allocating or recursing on its say.
+# small: +OK, integers, AUTH/SELECT answers, a cluster's slot map (read with a larger
+# `max_items`). Anything larger or nested deeper is a server out of its mind: the
+# connection is dropped instead of allocating or recursing on its say.
 _MAX_SMALL_BULK = 1 << 20
 _MAX_ARRAY = 1024
 _MAX_DEPTH = 4
@@ -317,10 +319,15 @@ class RespConnection:
             raise self._fail(f"malformed number {text[:40]!r} in a reply")
         return int(text)
 
-    def read_reply(self, _depth: int = 0) -> Any:
+    def read_reply(self, *, max_items: int = _MAX_ARRAY) -> Any:
         """One reply: str (+), int (:), bytes or None ($), list (*); an error reply (-)
         is returned as a `RespServerError`. A reply that is not well-formed RESP (or
-        larger or deeper than any answer the tier asks for) closes the connection."""
+        larger or deeper than any answer the tier asks for: arrays of more than
+        `max_items` items in all, a cluster's slot map being the largest) closes the
+        connection."""
+        return self._reply(0, [max_items])
+
+    def _reply(self, depth: int, budget: list[int]) -> Any:
         line = self._line()
         if not line:
             raise self._fail("empty reply line")
@@ -344,9 +351,10 @@ class RespConnection:
             return bytes(data[:n])
         if kind == b"*":
             n = self._number(rest)
-            if n > _MAX_ARRAY or _depth >= _MAX_DEPTH:
-                raise self._fail(f"an array reply of {n} items at depth {_depth + 1}")
-            return None if n < 0 else [self.read_reply(_depth + 1) for _ in range(n)]
+            if n > budget[0] or depth >= _MAX_DEPTH:
+                raise self._fail(f"an array reply of {n} items at depth {depth + 1}")
+            budget[0] -= max(n, 0)
+            return None if n < 0 else [self._reply(depth + 1, budget) for _ in range(n)]
         raise self._fail(f"unexpected reply {line[:40]!r}")
 
     def read_bulk_header(self) -> int | RespServerError:

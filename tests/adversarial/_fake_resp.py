@@ -97,3 +97,77 @@ class FakeResp:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+class Err(str):
+    """An error reply's text, for `resp()`."""
+
+
+def resp(value: object) -> bytes:
+    """`value` as RESP: None a nil bulk, int, bytes (bulk), str (status), `Err`, list."""
+    if value is None:
+        return b"$-1\r\n"
+    if isinstance(value, Err):
+        return b"-" + value.encode() + b"\r\n"
+    if isinstance(value, bool) or not isinstance(value, (int, bytes, str, list)):
+        raise TypeError(f"cannot encode {type(value).__name__}")
+    if isinstance(value, int):
+        return b":%d\r\n" % value
+    if isinstance(value, bytes):
+        return b"$%d\r\n%s\r\n" % (len(value), value)
+    if isinstance(value, str):
+        return b"+" + value.encode() + b"\r\n"
+    return b"*%d\r\n" % len(value) + b"".join(resp(v) for v in value)
+
+
+def shards(*ranges: tuple[int, int, int], host: bytes = b"127.0.0.1") -> bytes:
+    """A CLUSTER SHARDS reply: one shard per `(first slot, last slot, primary port)`."""
+    out = []
+    for first, last, port in ranges:
+        node = [b"id", b"%040d" % port, b"port", port, b"ip", host, b"endpoint", host,
+                b"role", b"master", b"health", b"online"]  # fmt: skip
+        out.append([b"slots", [first, last], b"nodes", [node]])
+    return resp(out)
+
+
+class FakeNode(FakeResp):
+    """A fake cluster node with a keyspace of its own (SET, GET, EXISTS, DEL, ASKING,
+    PING answered from a dict). `hook(conn, args)` answers first where it returns bytes
+    (a redirect, a slot map, garbage); None lets the keyspace answer. `asked` counts
+    commands that came right after an ASKING on their connection."""
+
+    def __init__(self, hook: Callable[[int, list[bytes]], bytes | None] | None = None) -> None:
+        self.data: dict[bytes, bytes] = {}
+        self.hook = hook
+        self.asked: list[list[bytes]] = []
+        self._asking: set[int] = set()
+        super().__init__(self._answer)
+
+    def _answer(self, conn: int, args: list[bytes]) -> bytes:
+        name = args[0].upper()
+        if name == b"ASKING":
+            self._asking.add(conn)
+            return b"+OK\r\n"
+        if conn in self._asking:
+            self._asking.discard(conn)
+            self.asked.append(args)
+        if self.hook is not None and (out := self.hook(conn, args)) is not None:
+            return out
+        if name == b"SET":
+            self.data[args[1]] = args[2]
+            return b"+OK\r\n"
+        if name == b"GET":
+            return resp(self.data.get(args[1]))
+        if name == b"EXISTS":
+            return resp(int(args[1] in self.data))
+        if name == b"DEL":
+            return resp(sum(self.data.pop(k, None) is not None for k in args[1:]))
+        if name == b"PING":
+            return b"+PONG\r\n"
+        return resp(Err(f"ERR unknown command '{args[0].decode(errors='replace')}'"))
+
+    def count(self, *names: bytes) -> int:
+        """Commands received whose first words are `names` (e.g. b"CLUSTER", b"SHARDS")."""
+        with self._lock:
+            return sum([a.upper() for a in args[: len(names)]] == list(names)
+                       for _, args in self.commands)  # fmt: skip

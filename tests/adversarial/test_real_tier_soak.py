@@ -14,8 +14,14 @@ each life is reported exactly once, no pin or write-pending chunk after a close,
 step takes longer than a bound (the Redis timeouts), no tier thread or temporary file
 left. Any failure prints its seed.
 
+The same soak runs on the session's 3-primary Redis Cluster (`redis_cluster`) in
+place of the server: the tier is given one node's URL (a random one each seed), so keys
+of the other primaries take a redirect first; one primary at a time is paused, and
+entries are damaged or deleted on the node that holds them.
+
 CI size: JAX_KVOFFLOAD_REAL_TIER_SOAK_STEPS (default 250) for each seed of
-JAX_KVOFFLOAD_REAL_TIER_SOAK_SEEDS (default 0,1).
+JAX_KVOFFLOAD_REAL_TIER_SOAK_SEEDS (default 0,1) and of
+JAX_KVOFFLOAD_REAL_TIER_SOAK_CLUSTER_SEEDS (default 2).
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ import numpy as np
 import pytest
 
 from jax_kvoffload.errors import KVOffloadError
+from jax_kvoffload.tiers._slots import key_slot
 from tests.faults._helpers import (
     Reports,
     blocks,
@@ -41,10 +48,14 @@ from tests.faults._helpers import (
     pins,
     write_blocks,
 )
+from tests.tiers._cluster import HAVE_CLUSTER, NO_CLUSTER, RedisCluster
 from tests.tiers._helpers import REDIS_SERVER, RedisServer
 
 STEPS = int(os.environ.get("JAX_KVOFFLOAD_REAL_TIER_SOAK_STEPS", "250"))
 SEEDS = [int(s) for s in os.environ.get("JAX_KVOFFLOAD_REAL_TIER_SOAK_SEEDS", "0,1").split(",")]
+CLUSTER_SEEDS = [
+    int(s) for s in os.environ.get("JAX_KVOFFLOAD_REAL_TIER_SOAK_CLUSTER_SEEDS", "2").split(",")
+]
 IO_TIMEOUT_S = 0.4
 STEP_BOUND_S = 10 * IO_TIMEOUT_S + 2.0  # a step waits at most for a few timed-out batches
 
@@ -193,23 +204,64 @@ class RealTierSoak:
         self.close_life()
 
 
+class ClusterFaults:
+    """A cluster seen as the soak's server: `url` one node's, `pause()` stops one
+    primary (drawn at random) until `resume()`, `call()` goes to the node holding the
+    key (KEYS: every primary)."""
+
+    def __init__(self, cluster: RedisCluster, rng: random.Random) -> None:
+        self.cluster = cluster
+        self.rng = rng
+        self.url = f"redis://127.0.0.1:{rng.choice(cluster.ports)}/0"
+        self.paused: RedisServer | None = None
+
+    def pause(self) -> None:
+        self.paused = self.cluster.nodes[self.rng.choice(self.cluster.primaries())]
+        self.paused.pause()
+
+    def resume(self) -> None:
+        if self.paused is not None:
+            self.paused.resume()
+            self.paused = None
+
+    def call(self, *args: bytes):
+        if args[0] == b"KEYS":
+            return [k for ks in self.cluster.keys(args[1]).values() for k in ks]
+        return self.cluster.nodes[self.cluster.owner(key_slot(args[1]))].call(*args)
+
+
+def run_soak(tmp_path, monkeypatch, seed, server) -> None:
+    soak = RealTierSoak(seed, str(tmp_path), server, monkeypatch)
+    slowest = 0.0
+    for i in range(STEPS):
+        start = time.monotonic()
+        soak.step()
+        slowest = max(slowest, time.monotonic() - start)
+        assert slowest < STEP_BOUND_S, f"seed {seed}: step {i} took {slowest:.1f} s"
+    soak.finish()
+    assert soak.bad_loads == 0, f"seed {seed}: {soak.bad_loads} loads with wrong bytes"
+    assert tier_threads() == [], f"seed {seed}: {tier_threads()}"
+    tmp = [f for _, _, fs in os.walk(tmp_path) for f in fs if f.endswith(".tmp")]
+    assert tmp == [], f"seed {seed}: temporary files left: {tmp}"
+    print(f"seed {seed}: {soak.good_loads} loads served, slowest step {slowest:.2f} s")
+
+
 @pytest.mark.parametrize("seed", SEEDS)
 def test_real_tier_soak(tmp_path, monkeypatch, seed):
     server = RedisServer(maxmemory="2mb") if REDIS_SERVER is not None else None
     try:
-        soak = RealTierSoak(seed, str(tmp_path), server, monkeypatch)
-        slowest = 0.0
-        for i in range(STEPS):
-            start = time.monotonic()
-            soak.step()
-            slowest = max(slowest, time.monotonic() - start)
-            assert slowest < STEP_BOUND_S, f"seed {seed}: step {i} took {slowest:.1f} s"
-        soak.finish()
-        assert soak.bad_loads == 0, f"seed {seed}: {soak.bad_loads} loads with wrong bytes"
-        assert tier_threads() == [], f"seed {seed}: {tier_threads()}"
-        tmp = [f for _, _, fs in os.walk(tmp_path) for f in fs if f.endswith(".tmp")]
-        assert tmp == [], f"seed {seed}: temporary files left: {tmp}"
-        print(f"seed {seed}: {soak.good_loads} loads served, slowest step {slowest:.2f} s")
+        run_soak(tmp_path, monkeypatch, seed, server)
     finally:
         if server is not None:
             server.stop()
+
+
+@pytest.mark.skipif(not HAVE_CLUSTER, reason=NO_CLUSTER)
+@pytest.mark.parametrize("seed", CLUSTER_SEEDS)
+def test_real_tier_soak_on_a_cluster(tmp_path, monkeypatch, seed, redis_cluster):
+    faults = ClusterFaults(redis_cluster, random.Random(seed))
+    try:
+        run_soak(tmp_path, monkeypatch, seed, faults)
+    finally:
+        faults.resume()
+        redis_cluster.wait_ok()

@@ -9,6 +9,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 
@@ -63,14 +64,27 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# Servers die with the test process (SIGKILL on its death: PR_SET_PDEATHSIG), so a
+# crashed or killed test run leaves none behind. Set by util-linux's setpriv before it
+# execs the server: a preexec_fn would fork the (multithreaded, JAX-holding) interpreter.
+# The signal follows the thread that started the server: start servers on the main one.
+_SETPRIV = shutil.which("setpriv")
+_DIE_WITH_PARENT = [_SETPRIV, "--pdeathsig", "KILL", "--"] if _SETPRIV else []
+
+
 class RedisServer:
     """A private redis-server on a free loopback port; `stop()` ends it."""
 
     def __init__(
-        self, *args: str, maxmemory: str = "64mb", policy: str = "allkeys-lru", port: int = 0
+        self,
+        *args: str,
+        maxmemory: str = "64mb",
+        policy: str = "allkeys-lru",
+        port: int = 0,
+        parent: str | None = None,
     ):
         self.port = port or free_port()
-        self.dir = tempfile.mkdtemp(prefix="jkv-redis-")
+        self.dir = tempfile.mkdtemp(prefix="jkv-redis-", dir=parent)
         cmd = [
             REDIS_SERVER,
             "--port",
@@ -91,7 +105,16 @@ class RedisServer:
             "warning",
             *args,
         ]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self.cmd = cmd
+        self.password = None  # what call() authenticates with
+        self.tls = None  # and the ssl.SSLContext it connects with
+        self.start()
+
+    def start(self) -> None:
+        """Starts the server (again, after `kill()`: same port, same directory)."""
+        self.proc = subprocess.Popen(
+            [*_DIE_WITH_PARENT, *self.cmd], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        )
         deadline = time.monotonic() + 10
         while True:
             with (
@@ -105,6 +128,13 @@ class RedisServer:
                 raise RuntimeError(f"redis-server did not start: {err}")
             time.sleep(0.02)
 
+    def kill(self) -> None:
+        """SIGKILL, as a crash: the directory (a cluster node's nodes.conf) stays."""
+        self.proc.kill()
+        self.proc.wait()
+        if self.proc.stderr:
+            self.proc.stderr.close()
+
     @property
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
@@ -114,7 +144,7 @@ class RedisServer:
         from jax_kvoffload.tiers._resp import Endpoint, RespConnection
 
         conn = RespConnection(
-            Endpoint("127.0.0.1", self.port, None, 0, None, None, None, None, 2.0, 5.0)
+            Endpoint("127.0.0.1", self.port, None, 0, None, self.password, self.tls, None, 2.0, 5.0)
         )
         conn.connect()
         try:
@@ -148,3 +178,16 @@ def child_env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
     return env
+
+
+def run_child(code: str, *argv: str) -> subprocess.CompletedProcess:
+    """`python -c code argv...` in a child that imports this checkout, from its root."""
+    env = child_env()
+    return subprocess.run(
+        [sys.executable, "-c", code, *argv],
+        env=env,
+        cwd=env["PYTHONPATH"].split(os.pathsep)[0],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )

@@ -160,3 +160,42 @@ def test_a_password_in_the_url_never_shows_in_repr_or_str():
         assert "s3cret-pw" not in text
         assert "redis://app:***@cache.internal:6380/2" in text
     assert cfg.endpoint["password"] == "s3cret-pw"  # still usable by the tier
+
+
+def test_cluster_options_parse_and_round_trip():
+    seeds = ["redis://10.0.0.2:6379", "redis://cache-3.internal"]
+    (cfg,) = parse_secondary_tiers(
+        [{"type": "redis", "url": "redis://10.0.0.1", "seed_urls": seeds}]
+    )
+    assert cfg.cluster == "on" and cfg.seed_urls == tuple(seeds)  # seeds mean a cluster
+    assert cfg.seed_addresses == (("10.0.0.2", 6379), ("cache-3.internal", 6379))
+    assert parse_secondary_tiers([cfg.to_dict()]) == (cfg,)
+    assert parse_secondary_tiers([cfg.to_vllm_dict()]) == (cfg,)
+    assert RedisTierConfig(url="redis://h").cluster == "auto"
+    assert RedisTierConfig(url="redis://h", cluster=True).cluster == "on"
+    assert RedisTierConfig(url="unix:///run/r.sock", cluster=False).cluster == "off"
+    hash(cfg)  # still a frozen, hashable config
+
+
+@pytest.mark.parametrize(
+    "entry, where, words",
+    [
+        ({"cluster": "yes"}, "secondary_tiers[0].cluster='yes'", ['"auto", "on" or "off"']),
+        ({"seed_urls": "redis://h2"}, "secondary_tiers[0].seed_urls", ["list of URLs"]),
+        ({"seed_urls": ["rediss://h2"]}, "secondary_tiers[0].seed_urls", ["redis:// URL"]),
+        ({"seed_urls": ["redis://u:pw@h2"]}, "secondary_tiers[0].seed_urls", ["***", "alone"]),
+        ({"seed_urls": ["redis://h2/3"]}, "secondary_tiers[0].seed_urls", ["database 0"]),
+        ({"seed_urls": ["redis://h2"], "cluster": False}, "secondary_tiers[0].cluster", ["off"]),
+        ({"url": "unix:///r.sock", "cluster": "on"}, "secondary_tiers[0].url", ["TCP"]),
+        ({"url": "redis://h/2", "cluster": "on"}, "secondary_tiers[0].url", ["database 0"]),
+        ({"seed_urls": ["redis://h"] * 65}, "secondary_tiers[0].seed_urls", ["at most 64"]),
+    ],
+)
+def test_cluster_option_errors_name_the_rule(entry, where, words):
+    raw = {"type": "redis", "url": "redis://h1", **entry}
+    with pytest.raises(TierConfigError) as info:
+        parse_secondary_tiers([raw])
+    message = str(info.value)
+    assert message.startswith(where), message
+    assert all(w in message for w in words), message
+    assert "pw@" not in message

@@ -5,7 +5,6 @@ namespaces, a server that is down, paused or evicting, AUTH, and many threads at
 from __future__ import annotations
 
 import subprocess
-import sys
 import threading
 import time
 
@@ -15,7 +14,15 @@ import pytest
 from jax_kvoffload.tiers import RedisTier, RedisTierConfig
 from jax_kvoffload.tiers._redis import redis_key
 
-from ._helpers import NO_REDIS, REDIS_SERVER, RedisServer, child_env, free_port, key, payload
+from ._helpers import (
+    NO_REDIS,
+    REDIS_SERVER,
+    RedisServer,
+    free_port,
+    key,
+    payload,
+    run_child,
+)
 
 pytestmark = pytest.mark.skipif(REDIS_SERVER is None, reason=NO_REDIS)
 
@@ -82,15 +89,7 @@ def test_a_new_tier_object_and_another_process_reuse_entries(redis, redis_server
         "assert t.submit_store([(key(7), payload(key(7), 8192))]).result().all_ok\n"
         "t.close()\n"
     )
-    root = child_env()["PYTHONPATH"].split(":")[0]
-    out = subprocess.run(
-        [sys.executable, "-c", code, redis_server.url],
-        env=child_env(),
-        cwd=root,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    out = run_child(code, redis_server.url)
     assert out.returncode == 0, out.stderr
     assert load(redis, [7]) == [True]
 

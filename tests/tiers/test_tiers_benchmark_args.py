@@ -192,3 +192,29 @@ def test_the_script_with_redis_prints_only_json_on_stdout(tmp_path):
         ("redis", "store"),
         ("redis", "load"),
     ]
+
+
+def test_cluster_arguments_parse():
+    args = load().parse_args(["--no-disk", "--no-redis", "--cluster", "--clients"])
+    assert args.cluster and args.clients and args.no_redis
+
+
+@pytest.mark.skipif(
+    not all(shutil.which(t) for t in ("redis-server", "redis-cli", "redis-benchmark")),
+    reason="needs redis-server, redis-cli and redis-benchmark",
+)
+@pytest.mark.parametrize("primaries", [3, 1])
+def test_the_cluster_get_baseline_moves_a_value_with_every_get(primaries):
+    """redis-benchmark --cluster GETs `key:{TAG}:<n>` with one hash tag per node: the
+    benchmark sets exactly those keys, so no GET of the baseline misses."""
+    bench = load()._tiers_cluster
+    cluster = bench.Cluster(primaries, 64 << 20)
+    try:
+        bench.fill_benchmark_keys(cluster, 20, 1024)
+        assert sum(cluster.call(p, b"DBSIZE") for p in cluster.ports) == 20 * primaries
+        misses = cluster.misses()
+        bench.redis_benchmark("127.0.0.1", cluster.ports[0], "get", 1024, 60, 2 * primaries, 4,
+                              keyspace=20, cluster=primaries > 1)  # fmt: skip
+        assert cluster.misses() == misses
+    finally:
+        cluster.stop()
