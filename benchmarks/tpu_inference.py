@@ -27,6 +27,7 @@ import argparse
 import importlib.util
 import os
 import pathlib
+import subprocess
 import sys
 import time
 
@@ -177,6 +178,9 @@ def plot(rows: list[dict], path: pathlib.Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if "jax" in sys.modules:  # `jax-kvoffload bench`: jax started here before the CPU mesh was set
+        argv = sys.argv[1:] if argv is None else argv
+        return subprocess.call([sys.executable, str(pathlib.Path(__file__).resolve()), *argv])
     sweep = dict(QUICK if args.quick else FULL)
     if args.layers:
         sweep["layers"] = args.layers
