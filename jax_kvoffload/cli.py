@@ -34,7 +34,16 @@ def _fail(message: str) -> int:
     return 2
 
 
-BENCHMARKS = ("kernels", "offload", "manager", "canonical", "mesh", "tiers", "pools")
+BENCHMARKS = (
+    "kernels",
+    "offload",
+    "manager",
+    "canonical",
+    "mesh",
+    "tiers",
+    "pools",
+    "tpu_inference",
+)
 
 
 def _bench(args: argparse.Namespace) -> int:
