@@ -176,6 +176,14 @@ class DiskTier(SecondaryTier):
 
     # ---- public API --------------------------------------------------------------------
 
+    @staticmethod
+    def check_path(path: str) -> None:
+        """Makes `path` if missing (0700, its missing parents too) and checks it as
+        opening a tier there will: a directory of this user, reachable by no one else,
+        not a link (`UnsafeDirectoryError`, `TierStateError`). For a tool that checks its
+        arguments before a long start-up (`jax-kvoffload demo --tier disk:PATH`)."""
+        os.close(open_private_root(path))
+
     def contains(self, keys: Sequence[bytes]) -> list[bool]:
         self._check_open()
         keys = check_keys(keys)
