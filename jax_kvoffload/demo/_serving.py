@@ -148,6 +148,8 @@ class PagedServer:
         self.reserve(request, n)
         first, last = start // bs, self.blocks_for(n)
         logits = []
+        if progress is not None and last > first:  # started: the first step may compile
+            progress(f"prefill {request.name}", 0, last - first)
         for b in range(first, last):
             chunk = request.tokens[b * bs : (b + 1) * bs]
             chunk = chunk + [0] * (bs - len(chunk))  # padding: written, never attended

@@ -47,18 +47,21 @@ def _tokens(cfg: ScenarioConfig, stream: int, n: int) -> list[int]:
     return rng.integers(0, cfg.model.vocab_size, n).tolist()
 
 
-def _engine(cfg: ScenarioConfig):
+def _engine(cfg: ScenarioConfig, progress: Progress | None):
+    report = progress or (lambda *_: None)
+    report("build engine", 0, 1)
     model = DemoTransformer(cfg.model)
     per_seq = cfg.max_blocks_per_seq
     off = build_offloader(cfg, num_blocks=3 * per_seq + cfg.blocks_per_chunk)
     server = PagedServer(model, off, block_size=cfg.block_size, max_blocks_per_seq=per_seq)
+    report("build engine", 1, 1)
     return off, server
 
 
 def run_writer(cfg: ScenarioConfig, progress: Progress | None = None) -> dict:
     """The first process: A's prefix into the host store and, by cascade, the tier."""
     with TierLog() as log:
-        off, server = _engine(cfg)
+        off, server = _engine(cfg, progress)
         bs = cfg.block_size
         try:
             a = Request("A", _prefix(cfg) + _tokens(cfg, 3, cfg.tail_tokens))
@@ -94,7 +97,7 @@ def run_writer(cfg: ScenarioConfig, progress: Progress | None = None) -> dict:
 
 def run_reader(cfg: ScenarioConfig, progress: Progress | None = None) -> dict:
     """The second process: B's prefix from the tier, checked against a recompute."""
-    off, server = _engine(cfg)
+    off, server = _engine(cfg, progress)
     bs = cfg.block_size
     try:
         # Warm-up: compile the steps and both transfer directions (nothing timed).
