@@ -28,16 +28,16 @@ class TierLog(logging.Handler):
         super().__init__(logging.WARNING)
         self._lock_messages = threading.Lock()
         self.messages: list[str] = []
-        self._logger = logging.getLogger("jax_kvoffload")
+        self._source = logging.getLogger("jax_kvoffload")  # listened to: it logs nothing itself
         self._echo = False
 
     def __enter__(self) -> TierLog:
-        self._echo = not self._logger.hasHandlers() and logging.lastResort is not None
-        self._logger.addHandler(self)
+        self._echo = not self._source.hasHandlers() and logging.lastResort is not None
+        self._source.addHandler(self)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._logger.removeHandler(self)
+        self._source.removeHandler(self)
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
