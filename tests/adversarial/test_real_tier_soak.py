@@ -193,6 +193,7 @@ class RealTierSoak:
         self.close_life()
 
 
+@pytest.mark.slow  # a soak on a real disk tier and Redis server
 @pytest.mark.parametrize("seed", SEEDS)
 def test_real_tier_soak(tmp_path, monkeypatch, seed):
     server = RedisServer(maxmemory="2mb") if REDIS_SERVER is not None else None
