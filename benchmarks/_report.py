@@ -17,6 +17,7 @@ import math
 import os
 import pathlib
 import platform
+import re
 import statistics
 import sys
 import textwrap
@@ -83,6 +84,20 @@ class Col:
             return f"{value:,}"
         return f"{value:.{self.digits}f}"
 
+    def parse(self, cell: str) -> Any:
+        """The value `show` printed as `cell` (to the digits shown): what `--replot`
+        reads back from a recorded table."""
+        cell = cell.strip()
+        if self.text:
+            return cell
+        if cell == "-":
+            return math.nan
+        scale = {"ms": 1e-3, "µs": 1e-6, "M/s": 1e6, "%": 1e-2}.get(self.unit, 1)
+        cell = cell.rstrip("×%").replace(",", "")
+        if scale == 1 and cell.lstrip("-").isdigit():
+            return int(cell)
+        return float(cell) * scale
+
 
 def table(rows: Sequence[Mapping[str, Any]], cols: Sequence[Col], title: str = "") -> str:
     """Rows as an aligned text table: a header line, a unit line, then one line per row.
@@ -106,6 +121,98 @@ def table(rows: Sequence[Mapping[str, Any]], cols: Sequence[Col], title: str = "
     out += [line(heads), line(units), "  ".join("-" * w for w in widths)]
     out += [line(c) for c in cells]
     return "\n".join(out)
+
+
+_BANNER = re.compile(
+    r"^# (?P<name>\S+) benchmark: (?P<date>[^,]+), (?P<machine>\S+) (?P<cpus>\d+) CPUs"
+    r"(?:, jax (?P<jax>\S+) on (?P<device>.+))?$"
+)
+
+
+def read_recorded(text: str, name: str) -> tuple[dict[str, Any], list[tuple[str, list[dict]]]]:
+    """What a script printed (its `#` banner and tables, e.g. a run recorded in
+    docs/benchmarks.md): (`machine()`-like info, [(title, rows of cell text by header)]).
+
+    Columns are cut where the table's dashes line puts them (every cell fits its
+    column's width), so names with spaces read back whole."""
+    lines = text.splitlines()
+    info: dict[str, Any] = {}
+    for line in lines:
+        m = _BANNER.match(line.strip())
+        if m:
+            info = {k: v for k, v in m.groupdict().items() if v is not None}
+            break
+    if info.get("name") != name:
+        raise SystemExit(f"error: --replot: no '# {name} benchmark: ...' line in the file")
+    info["cpus"] = int(info["cpus"])
+    tables = []
+    for i, line in enumerate(lines):
+        if not line.strip() or set(line.replace(" ", "")) != {"-"} or i < 2:
+            continue
+        spans = [(m.start(), m.end()) for m in re.finditer(r"-+", line)]
+
+        def cut(text: str, spans=spans) -> list[str]:
+            return [text[a:b].strip() for a, b in spans]
+
+        heads = cut(lines[i - 2])
+        title = lines[i - 3].strip() if i >= 3 and not lines[i - 3].startswith("#") else ""
+        rows = []
+        for row in lines[i + 1 :]:
+            if not row.strip():
+                break
+            rows.append(dict(zip(heads, cut(row.ljust(spans[-1][1])), strict=True)))
+        tables.append((title, rows))
+    if not tables:
+        raise SystemExit(f"error: --replot: no table in the file (a '{name}' run's output)")
+    return info, tables
+
+
+def parse_rows(rows: Sequence[Mapping[str, str]], cols: Sequence[Col]) -> list[dict]:
+    """Rows of cell text (by header, `read_recorded`) as values by key, for `cols`."""
+    return [{c.key: c.parse(r[c.header]) for c in cols if c.header in r} for r in rows]
+
+
+def add_replot_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--replot", type=pathlib.Path, metavar="FILE",
+        help="measure nothing: redraw the PNG from a recorded run (this script's printed "
+        "output saved to FILE, e.g. a table of docs/benchmarks.md)",
+    )  # fmt: skip
+
+
+def log_axis(ax: Any, low: float, high: float, suffix: str = "") -> None:
+    """A log y axis from `low` to `high` with readable ticks (0.1, 0.2, 0.5, 1, 2, ...)."""
+    import matplotlib.ticker as mticker
+
+    low, high = low / 1.4, high * 1.4
+    ax.set_yscale("log")
+    ax.set_ylim(low, high)
+    steps = [m * 10.0**e for e in range(-3, 4) for m in (1, 2, 5)]
+    ax.yaxis.set_major_locator(mticker.FixedLocator([t for t in steps if low <= t <= high]))
+    ax.yaxis.set_major_formatter(mticker.FuncFormatter(lambda v, _: f"{v:g}{suffix}"))
+    ax.yaxis.set_minor_formatter(mticker.NullFormatter())
+
+
+def ratio_axis(ax: Any, low: float, high: float) -> None:
+    """A log y axis of ratios from `low` to `high` (and 1), ticks as 0.5×, 1×, 2×."""
+    log_axis(ax, min(low, 1), max(high, 1), "×")
+
+
+def ratio_bars(ax: Any, at: Any, ratios: Sequence[float], width: float, **kw: Any) -> None:
+    """Bars from 1× up (faster) or down (slower) to each ratio, its value written at the end."""
+    ax.bar(at, [v - 1 for v in ratios], width, bottom=1, **kw)
+    for xi, v in zip(at, ratios, strict=True):
+        up = v >= 1
+        ax.text(xi, v * (1.04 if up else 0.96), f"{v:.2f}×", ha="center",
+                va="bottom" if up else "top", fontsize=7)  # fmt: skip
+
+
+def measured_on(info: Mapping[str, Any]) -> str:
+    """`2026-11-30, x86_64 2 CPUs, jax 0.10.2 on cpu`: what a plot says it was measured on."""
+    where = f"{info['date']}, {info['machine']} {info['cpus']} CPUs"
+    if "jax" in info:
+        where += f", jax {info['jax']} on {info['device']}"
+    return where
 
 
 # -- progress ---------------------------------------------------------------------------

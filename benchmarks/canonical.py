@@ -177,6 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     ap.add_argument("--repeats", type=_report.int_at_least(1), help="(15; quick: 5)")
     _report.add_output_args(ap, pathlib.Path(__file__).resolve().parent / "results")
+    _report.add_replot_arg(ap)
     return ap
 
 
@@ -214,6 +215,8 @@ COLUMNS = [
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.replot is not None:
+        return replot(args)
     cases = [(form, tp) for form in args.forms for tp in args.tp]
     progress = _report.Progress(len(cases), quiet=args.quiet)
     results = []
@@ -224,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     for r in results:
         r["fragment_kib"] = r["min_fragment_bytes"] / 1024
     _report.write_csv(args.out / "canonical.csv", list(results[0]), results)
-    _plot(results, args.out / "canonical.png")
+    _plot(results, args.out / "canonical.png", _report.machine())
     note = (
         f"rank 0 of each TP group; {args.layers} layers, {args.blocks} blocks of 16 tokens, "
         f"{TOTAL_HEADS} KV heads x {args.head_size}; medians of {args.repeats}, direct and "
@@ -235,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _plot(rows, path):
+def _plot(rows, path, info):
     """One question: what does the canonical relayout add to a job, per layout and TP?
 
     Plotted: the relayout share (strided minus plain host copy, over the direct job). Not
@@ -247,7 +250,7 @@ def _plot(rows, path):
     cases = [r for r in rows if r["direction"] == "store"]
     labels = [f"{r['form']}, TP={r['tp']} ({r['fragment_kib']:g} KiB)" for r in cases]
     y = np.arange(len(cases))[::-1]  # first case on top
-    fig, axes = plt.subplots(1, 2, figsize=(10, 0.42 * len(cases) + 2.2), sharey=True)
+    fig, axes = plt.subplots(1, 2, figsize=(10, 0.42 * len(cases) + 2.6), sharey=True)
     for ax, d in zip(axes, ("store", "load"), strict=True):
         sub = [r for r in rows if r["direction"] == d]
         ax.barh(y, [100 * r["relayout_extra_share"] for r in sub], 0.6, color="tab:blue",
@@ -258,15 +261,25 @@ def _plot(rows, path):
         ax.set_xlabel("extra time, % of the direct job")
         ax.grid(axis="x", alpha=0.3)
     axes[0].set_yticks(y, labels, fontsize=8)
-    height = 0.42 * len(cases) + 2.2
-    fig.suptitle("what the canonical relayout adds to a job (layout, TP, smallest fragment)",
-                 fontsize=10,
-                 y=1 - 0.08 / height)  # fmt: skip
+    height = 0.42 * len(cases) + 2.6
+    fig.suptitle(
+        "what the canonical relayout adds to a job (layout, TP, smallest fragment); "
+        f"{rows[0]['job_mib']:.0f} MiB jobs at TP=1\nmeasured {_report.measured_on(info)}",
+        fontsize=10,
+        y=1 - 0.08 / height,
+    )
     handles, names = axes[0].get_legend_handles_labels()
-    fig.legend(handles, names, loc="upper center", bbox_to_anchor=(0.5, 1 - 0.4 / height),
+    fig.legend(handles, names, loc="upper center", bbox_to_anchor=(0.5, 1 - 0.55 / height),
                ncol=2, frameon=False, fontsize=8)  # fmt: skip
-    fig.tight_layout(rect=(0, 0, 1, 1 - 0.5 / height))
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.75 / height))
     _report.save(fig, path)
+
+
+def replot(args) -> int:
+    """`--replot FILE`: the PNG of a recorded run, nothing measured."""
+    info, tables = _report.read_recorded(args.replot.read_text(), "canonical")
+    _plot(_report.parse_rows(tables[0][1], COLUMNS), args.out / "canonical.png", info)
+    return 0
 
 
 if __name__ == "__main__":

@@ -102,6 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--heads", type=_report.int_at_least(1), help="KV heads (16; quick: 8)")
     ap.add_argument("--repeats", type=_report.int_at_least(1), help="(9; quick: 5)")
     _report.add_output_args(ap, ROOT / "benchmarks" / "results")
+    _report.add_replot_arg(ap)
     return ap
 
 
@@ -138,6 +139,8 @@ COLUMNS = [
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.replot is not None:
+        return replot(args)
     progress = _report.Progress(len(args.devices), quiet=args.quiet)
     rows = []
     for n in args.devices:
@@ -152,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows[1:]:
         r.pop("jax"), r.pop("device")
     _report.write_csv(args.out / "mesh.csv", list(rows[0]), rows)
-    _plot(rows, args.out / "mesh.png")
+    _plot(rows, args.out / "mesh.png", info)
     note = (
         f"one global cache, {args.layers} layers x {2 * args.blocks} blocks x 16 tokens x "
         f"{args.heads} KV heads x 128 (uint16), heads sharded over the devices; jobs of "
@@ -163,25 +166,46 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _plot(rows, path):
-    """One question: does a job cost more when the same cache is spread over more devices?"""
+def _plot(rows, path, info):
+    """One question: does a job cost more when the same cache is spread over more devices?
+
+    In the table's unit: each job's time over the first count's (x); 1x = no cost."""
     plt = _report.pyplot()
     if plt is None:
         return
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
     x = [r["devices"] for r in rows]
+    base = rows[0]["devices"]
+    ratios = [r[f"{d}_over_1"] for r in rows for d in ("store", "load")]
     for d, style in (("store", "o-"), ("load", "s--")):
-        ax.plot(x, [1e3 * r[d] for r in rows], style, label=f"{d} job")
+        values = [r[f"{d}_over_1"] for r in rows]
+        ax.plot(x, values, style, label=f"{d} job")
+        for n, v in list(zip(x, values, strict=True))[1:]:  # the first is 1× by definition
+            ax.annotate(f"{v:.2f}×", (n, v), textcoords="offset points", fontsize=7,
+                        xytext=(6, 5 if d == "store" else -11))  # fmt: skip
+    ax.axhline(1, color="k", lw=1, label=f"as on {base} device{'s' * (base != 1)} (1×)")
     ax.set_xscale("log", base=2)
     ax.set_xticks(x, [str(n) for n in x])
     ax.set_xlabel("devices holding the global cache (KV heads sharded)")
-    ax.set_ylabel(f"job time, ms ({rows[0]['mib']:.0f} MiB per job)")
-    ax.set_ylim(bottom=0)
+    ax.set_ylabel(f"job time / time on {base} device{'s' * (base != 1)}")
+    ax.set_ylim(0, max(1.5, max(ratios) * 1.15))
+    ax.yaxis.set_major_formatter(plt.FuncFormatter(lambda v, _: f"{v:g}×"))
     ax.grid(alpha=0.3)
-    ax.legend()
-    ax.set_title("global-array offload: one job, any mesh (simulated CPU devices)", fontsize=10)
+    ax.legend(fontsize=8, loc="upper left")
+    ax.set_title(
+        f"one job of {rows[0]['mib']:.0f} MiB on a mesh of simulated CPU devices:\n"
+        f"time vs {base} device{'s' * (base != 1)}; measured {_report.measured_on(info)}",
+        fontsize=9,
+    )
     fig.tight_layout()
     _report.save(fig, path)
+
+
+def replot(args) -> int:
+    """`--replot FILE`: the PNG of a recorded run, nothing measured."""
+    info, tables = _report.read_recorded(args.replot.read_text(), "mesh")
+    _plot(_report.parse_rows(tables[0][1], COLUMNS), args.out / "mesh.png", info)
+    return 0
 
 
 if __name__ == "__main__":

@@ -170,10 +170,10 @@ def report(
     _report.emit("tiers", args, tables, rows, note=note, info=info)
     _report.write_csv(args.out / "tiers.csv", ROW_FIELDS, rows)
     with contextlib.redirect_stdout(sys.stderr if args.json else sys.stdout):
-        plot(rows, args.out / "tiers.png", backend)
+        plot(rows, args.out / "tiers.png", backend, info)
 
 
-def plot(rows: list[dict], path: pathlib.Path, backend: str) -> None:
+def plot(rows: list[dict], path: pathlib.Path, backend: str, info: dict) -> None:
     """One question: does each tier reach its target share of its medium's throughput?"""
     pairs = [r for r in rows if r["kind"] == "tier"]
     plt = _report.pyplot() if pairs else None
@@ -195,7 +195,10 @@ def plot(rows: list[dict], path: pathlib.Path, backend: str) -> None:
         )
     ax.set_xticks(x, [f"{textwrap.fill(r['tier'], 20)}\n{r['op']}" for r in pairs], fontsize=7)
     ax.set_ylabel("GB/s (10^9 bytes/s)")
-    title = "Secondary tiers vs the medium (same bytes, same run)"
+    title = (
+        "Secondary tiers vs the medium (same bytes, same run)\n"
+        f"measured {_report.measured_on(info)}"
+    )
     if not targets_apply(backend):
         title += "\nnumpy CRC32C fallback: ratios are not the tier's (pip install -e '.[tiers]')"
     ax.set_title(title, fontsize=10, color="black" if targets_apply(backend) else "red")

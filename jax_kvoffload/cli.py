@@ -76,56 +76,78 @@ def _bench(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     import json
 
+    # Arguments first, with modules that import no jax: a typo, a tier directory others
+    # can read or a Redis server that is not running is reported at once, not after
+    # the 8-17 s of importing jax (the model, the kernels) a busy machine takes.
+    # The sizes and the form of each --tier are checked first, by the standard library
+    # alone (instant); a tier's directory and server next (the config package: ~1 s).
     from jax_kvoffload import demo
-    from jax_kvoffload.config import OffloadConfigError
-    from jax_kvoffload.demo import DemoConfigError, DemoModelConfig, ScenarioConfig
-    from jax_kvoffload.errors import KVOffloadError
 
     try:
-        cfg = ScenarioConfig(
-            model=DemoModelConfig(
-                vocab_size=args.vocab,
-                num_layers=args.layers,
-                num_heads=args.heads,
-                num_kv_heads=args.kv_heads,
-                head_dim=args.head_dim,
-                ffn_dim=args.ffn_dim,
-                rope=not args.no_rope,
-                seed=args.seed,
-            ),
-            block_size=args.block_size,
-            prompt_blocks=args.prompt_blocks,
-            suffix_tokens=args.suffix_tokens,
-            decode_tokens=args.decode_tokens,
-            blocks_per_chunk=args.blocks_per_chunk,
-            kernel_backend=args.kernel_backend,
-            skip_load=args.skip_load,
-            tiers=tuple(args.tier or ()),
-        )
-        if args.two_process and not cfg.tiers:
-            raise DemoConfigError("--two-process needs at least one --tier")
-        progress = None if args.quiet else demo.StreamProgress(sys.stderr)
+        cfg = _demo_config(args)
+    except demo.DemoConfigError as exc:
+        return _fail(str(exc))
+    except Exception as exc:
+        from jax_kvoffload.errors import KVOffloadError
+
+        if not isinstance(exc, KVOffloadError):
+            raise
+        return _fail(str(exc))
+    from jax_kvoffload.errors import KVOffloadError
+
+    progress = None if args.quiet else demo.StreamProgress(sys.stderr)
+    try:
         if args.role is not None:  # one process of the two-process mode
             run = demo.run_writer if args.role == "writer" else demo.run_reader
             summary = run(cfg, progress)
             print(json.dumps(summary, indent=2))
             return 0 if summary["passed"] else 1
         if args.two_process:
-            summary = demo.run_two_process(cfg, progress)
+            relay = progress.line if progress is not None else None
+            summary = demo.run_two_process(cfg, progress, relay)
             print(json.dumps(summary, indent=2) if args.json else demo.format_two_process(summary))
             return 0 if summary["passed"] else 1
         summary = demo.run_scenario(cfg, progress)
-    except (DemoConfigError, OffloadConfigError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except KVOffloadError as exc:  # e.g. a tier directory that is not private
+    except (demo.DemoConfigError, KVOffloadError) as exc:  # e.g. a tier that refused to open
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
         print(demo.format_summary(summary))
-    return 0 if summary["check"]["passed"] else 1
+    return 0 if summary["passed"] else 1
+
+
+def _demo_config(args: argparse.Namespace):
+    """The demo's `ScenarioConfig`, every argument checked; only a `--kernel-backend`
+    other than auto imports jax (last: the registry needs the platform's devices)."""
+    from jax_kvoffload import demo
+
+    tiers = tuple(args.tier or ())
+    if args.two_process and not tiers:
+        raise demo.DemoConfigError("--two-process needs at least one --tier")
+    model = demo.DemoModelConfig(
+        vocab_size=args.vocab,
+        num_layers=args.layers,
+        num_heads=args.heads,
+        num_kv_heads=args.kv_heads,
+        head_dim=args.head_dim,
+        ffn_dim=args.ffn_dim,
+        rope=not args.no_rope,
+        seed=args.seed,
+    )
+    sizes = dict(
+        block_size=args.block_size,
+        prompt_blocks=args.prompt_blocks,
+        suffix_tokens=args.suffix_tokens,
+        decode_tokens=args.decode_tokens,
+        blocks_per_chunk=args.blocks_per_chunk,
+        skip_load=args.skip_load,
+        tiers=tiers,
+    )
+    demo.ScenarioConfig(model=model, **sizes)  # sizes and tier forms, without jax
+    demo.check_tiers(tiers)  # directories, servers
+    return demo.ScenarioConfig(model=model, kernel_backend=args.kernel_backend, **sizes)
 
 
 def _add_demo(commands: argparse._SubParsersAction) -> None:

@@ -2,46 +2,54 @@
 
 Not part of the library core (which never imports it): `jax-kvoffload demo` runs
 `run_scenario`; see docs/demo.md.
+
+Names load on first use, like `jax_kvoffload`'s own: the configs and checks
+(`ScenarioConfig`, `check_tiers`, ...) and the two-process parent import no jax, so the
+command line reports a bad argument at once instead of after importing jax (8-17 s on
+a busy machine).
 """
 
-from jax_kvoffload.demo._model import DemoConfigError as DemoConfigError
-from jax_kvoffload.demo._model import DemoModelConfig as DemoModelConfig
-from jax_kvoffload.demo._model import DemoTransformer as DemoTransformer
-from jax_kvoffload.demo._report import StreamProgress as StreamProgress
-from jax_kvoffload.demo._report import format_summary as format_summary
-from jax_kvoffload.demo._report import format_two_process as format_two_process
-from jax_kvoffload.demo._scenario import ScenarioConfig as ScenarioConfig
-from jax_kvoffload.demo._scenario import build_offloader as build_offloader
-from jax_kvoffload.demo._scenario import run_scenario as run_scenario
-from jax_kvoffload.demo._scenario import tier_entry as tier_entry
-from jax_kvoffload.demo._serving import CACHE_LAYOUT as CACHE_LAYOUT
-from jax_kvoffload.demo._serving import BlockAllocator as BlockAllocator
-from jax_kvoffload.demo._serving import OutOfBlocksError as OutOfBlocksError
-from jax_kvoffload.demo._serving import PagedServer as PagedServer
-from jax_kvoffload.demo._serving import Request as Request
-from jax_kvoffload.demo._serving import block_hashes as block_hashes
-from jax_kvoffload.demo._tiered import run_reader as run_reader
-from jax_kvoffload.demo._tiered import run_two_process as run_two_process
-from jax_kvoffload.demo._tiered import run_writer as run_writer
+from __future__ import annotations
 
-__all__ = [
-    "CACHE_LAYOUT",
-    "BlockAllocator",
-    "DemoConfigError",
-    "DemoModelConfig",
-    "DemoTransformer",
-    "OutOfBlocksError",
-    "PagedServer",
-    "Request",
-    "ScenarioConfig",
-    "StreamProgress",
-    "block_hashes",
-    "build_offloader",
-    "format_summary",
-    "format_two_process",
-    "run_reader",
-    "run_scenario",
-    "run_two_process",
-    "run_writer",
-    "tier_entry",
-]
+import importlib
+from typing import Any
+
+# name -> the private module defining it
+_WHERE = {
+    "DemoConfigError": "_config",
+    "DemoModelConfig": "_config",
+    "Progress": "_config",
+    "ScenarioConfig": "_config",
+    "check_tiers": "_config",
+    "tier_entry": "_config",
+    "StreamProgress": "_report",
+    "format_summary": "_report",
+    "format_two_process": "_report",
+    "run_two_process": "_two_process",
+    "DemoTransformer": "_model",
+    "build_offloader": "_scenario",
+    "run_scenario": "_scenario",
+    "CACHE_LAYOUT": "_serving",
+    "BlockAllocator": "_serving",
+    "OutOfBlocksError": "_serving",
+    "PagedServer": "_serving",
+    "Request": "_serving",
+    "block_hashes": "_serving",
+    "run_reader": "_tiered",
+    "run_writer": "_tiered",
+}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'jax_kvoffload.demo' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"jax_kvoffload.demo.{module}"), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_WHERE))

@@ -17,49 +17,13 @@ starts from loaded prefix blocks bit-identical to a full recompute.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jax_kvoffload.demo._config import DemoConfigError, DemoModelConfig
 
-class DemoConfigError(ValueError):
-    """Bad demo model or scenario sizes (the message names the field)."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class DemoModelConfig:
-    """Sizes of the demo model; `d_model = num_heads * head_dim`."""
-
-    vocab_size: int = 1024
-    num_layers: int = 4
-    num_heads: int = 8
-    num_kv_heads: int = 2
-    head_dim: int = 64
-    ffn_dim: int = 1024
-    rope: bool = True
-    rope_theta: float = 10000.0
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        for name in ("vocab_size", "num_layers", "num_heads", "num_kv_heads", "head_dim"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise DemoConfigError(f"{name}={value!r} must be a positive int")
-        if self.ffn_dim < 1:
-            raise DemoConfigError(f"ffn_dim={self.ffn_dim!r} must be a positive int")
-        if self.num_heads % self.num_kv_heads:
-            raise DemoConfigError(
-                f"num_heads={self.num_heads} must be a multiple of num_kv_heads="
-                f"{self.num_kv_heads} (grouped-query attention)"
-            )
-        if self.rope and self.head_dim % 2:
-            raise DemoConfigError(f"head_dim={self.head_dim} must be even with RoPE")
-
-    @property
-    def d_model(self) -> int:
-        return self.num_heads * self.head_dim
+__all__ = ["DemoConfigError", "DemoModelConfig", "DemoTransformer", "make_forward"]
 
 
 def _rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:

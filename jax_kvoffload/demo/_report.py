@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from typing import TextIO
 
 
@@ -18,24 +20,46 @@ def _size(nbytes: float) -> str:
 class StreamProgress:
     """`progress(step, done, total)` drawn on a stream (the CLI passes stderr).
 
-    On a terminal it redraws one bar per step in place; otherwise it writes one line
-    when a step completes, so logs stay readable.
+    On a terminal it redraws one bar per step in place; otherwise (a log, a pipe) it
+    writes one line as a long step starts (`done=0`) and one when a step completes,
+    with the step's time from its first call when that is 0.1 s or more. `line(text)`
+    writes other lines (the two-process roles' stderr) from any thread.
     """
 
     def __init__(self, stream: TextIO, width: int = 24) -> None:
         self._stream = stream
         self._tty = bool(getattr(stream, "isatty", lambda: False)())
         self._width = width
+        self._started: dict[str, float] = {}
+        self._bar = ""  # the bar drawn on the terminal's last line, not ended yet
+        self._lock = threading.Lock()
 
     def __call__(self, step: str, done: int, total: int) -> None:
-        if self._tty:
-            filled = self._width * done // max(total, 1)
-            bar = "#" * filled + "." * (self._width - filled)
-            end = "\n" if done >= total else ""
-            self._stream.write(f"\r  {step:<20} [{bar}] {done}/{total}{end}")
-        elif done >= total:
-            self._stream.write(f"  {step}: done ({total} step{'s' * (total != 1)})\n")
-        self._stream.flush()
+        now = time.perf_counter()
+        with self._lock:
+            began = self._started.setdefault(step, now)
+            if done >= total:
+                del self._started[step]  # a step of the same name later is timed anew
+            if self._tty:
+                filled = self._width * done // max(total, 1)
+                bar = "#" * filled + "." * (self._width - filled)
+                self._bar = f"\r  {step:<20} [{bar}] {done}/{total}"
+                self._stream.write(self._bar + ("\n" if done >= total else ""))
+                if done >= total:
+                    self._bar = ""
+            elif done >= total:
+                took = f", {now - began:.1f} s" if now - began >= 0.1 else ""
+                self._stream.write(f"  {step}: done ({total} step{'s' * (total != 1)}{took})\n")
+            elif done == 0:
+                self._stream.write(f"  {step}: started\n")
+            self._stream.flush()
+
+    def line(self, text: str) -> None:
+        """Writes one line as it is, above a bar being drawn (which is drawn again)."""
+        with self._lock:
+            clear = "\r\x1b[K" if self._bar else ""
+            self._stream.write(f"{clear}{text}\n{self._bar}")
+            self._stream.flush()
 
 
 def format_summary(s: dict) -> str:
@@ -81,6 +105,7 @@ def format_summary(s: dict) -> str:
             f"speedup {pf['speedup']:.2f}x",
         ),
         ("logits check", _check(ck, s["prefix_hit_tokens"])),
+        ("overall", _overall(s)),
         ("wall time", f"{s['wall_s']:.1f} s (warm-up/compile {pf['warmup_s']:.1f} s)"),
     ]
     width = max(len(k) for k, _ in rows)
@@ -125,8 +150,20 @@ def _tier_rows(tiers: list[dict]) -> list[tuple[str, str]]:
         )
         if t["cascade_failed"] or (t["cascade_dropped"] and not t["cascaded"]):
             text += " (the warning on stderr says why)"
+        if not t["check"]["passed"]:
+            text += ": FAIL"
         rows.append((f"tier {t['spec']}", text))
     return rows
+
+
+def _overall(s: dict) -> str:
+    """PASS, or FAIL and every reason: the logits check's and each tier's."""
+    if s["passed"]:
+        return "PASS" + (" (every tier took A's chunks)" if s["tiers"] else "")
+    why = [t["check"]["why"] for t in s["tiers"] if not t["check"]["passed"]]
+    if not s["check"]["passed"]:
+        why.insert(0, s["check"]["why"])
+    return "FAIL: " + "; ".join(why)
 
 
 def _yes(flag: bool) -> str:

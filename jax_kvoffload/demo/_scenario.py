@@ -14,12 +14,13 @@
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 
 import jax
 import numpy as np
 
-from jax_kvoffload.demo._model import DemoConfigError, DemoModelConfig, DemoTransformer
+from jax_kvoffload.demo._config import ScenarioConfig, tier_entry
+from jax_kvoffload.demo._model import DemoTransformer
 from jax_kvoffload.demo._serving import (
     CACHE_LAYOUT,
     PagedServer,
@@ -28,86 +29,8 @@ from jax_kvoffload.demo._serving import (
     block_hashes,
     empty_caches,
 )
+from jax_kvoffload.demo._verdict import TierLog, tier_verdict
 from jax_kvoffload.transfer import GroupCaches
-
-
-@dataclass(frozen=True, kw_only=True)
-class ScenarioConfig:
-    """Scenario sizes. `skip_load` is a negative control: B trusts the lookup but never
-    loads, so its prefix blocks hold whatever they held before and the check must fail."""
-
-    model: DemoModelConfig = field(default_factory=DemoModelConfig)
-    block_size: int = 16
-    prompt_blocks: int = 8
-    suffix_tokens: int = 24
-    decode_tokens: int = 4
-    blocks_per_chunk: int = 2
-    kernel_backend: str = "auto"
-    skip_load: bool = False
-    tiers: tuple[str, ...] = ()  # "disk:PATH" or "redis://HOST:PORT" (tier_entry)
-
-    def __post_init__(self) -> None:
-        for spec in self.tiers:
-            tier_entry(spec)  # refuses a bad one now, naming it
-        for name in ("block_size", "prompt_blocks", "suffix_tokens", "blocks_per_chunk"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise DemoConfigError(f"{name}={value!r} must be a positive int")
-        if self.decode_tokens < 0:
-            raise DemoConfigError(f"decode_tokens={self.decode_tokens} must be >= 0")
-        if self.prompt_blocks < self.blocks_per_chunk:
-            raise DemoConfigError(
-                f"prompt_blocks={self.prompt_blocks} holds no whole chunk of "
-                f"blocks_per_chunk={self.blocks_per_chunk} blocks: nothing could be offloaded; "
-                f"use prompt_blocks >= {self.blocks_per_chunk}"
-            )
-        check_kernel_backend(self.kernel_backend)
-
-    @property
-    def tail_tokens(self) -> int:
-        """A's own tokens after the shared prefix (a partial block: never offloaded)."""
-        return max(1, self.block_size // 2)
-
-    @property
-    def max_blocks_per_seq(self) -> int:
-        longest = self.prompt_blocks * self.block_size + max(self.suffix_tokens, self.tail_tokens)
-        return -(-(longest + self.decode_tokens) // self.block_size)
-
-
-def check_kernel_backend(name: object) -> None:
-    """`name` is "auto" or a backend of the `pallas_kernels` registry that runs on this
-    platform (jax's default device); anything else fails here, before the model is built,
-    with what does run."""
-    import pallas_kernels as pk
-
-    if name == "auto":
-        return
-    try:
-        record = pk.get_backend(name)
-    except (TypeError, pk.BackendUnavailableError) as exc:
-        raise DemoConfigError(f"kernel_backend={name!r}: {exc}") from None
-    runs = ("auto", *pk.supported_backends())
-    if name not in runs:
-        device = jax.devices()[0]
-        raise DemoConfigError(
-            f"kernel_backend={name!r} needs {record.where}, but this platform is "
-            f"{device.platform} ({device.device_kind}); choose one of {runs}"
-        )
-
-
-def tier_entry(spec: str) -> dict:
-    """A `secondary_tiers` entry from a `--tier` value: `disk:PATH` (a private directory,
-    created if missing, 1 GiB budget) or a `redis://` / `rediss://` / `unix://` URL."""
-    if not isinstance(spec, str):
-        raise DemoConfigError(f"--tier {spec!r}: must be disk:PATH or redis://HOST:PORT")
-    if spec.startswith("disk:") and len(spec) > 5:
-        return {"type": "disk", "path": spec[5:], "capacity_bytes": "1GiB"}
-    if spec.split("://", 1)[0] in ("redis", "rediss", "unix") and "://" in spec:
-        return {"type": "redis", "url": spec}
-    raise DemoConfigError(
-        f"--tier {spec!r}: must be disk:PATH (a directory) or redis://HOST:PORT "
-        "(a running Redis or Valkey server)"
-    )
 
 
 def build_offloader(cfg: ScenarioConfig, num_blocks: int):
@@ -167,9 +90,17 @@ def _block_words(off, block_ids) -> np.ndarray:
 
 
 def run_scenario(cfg: ScenarioConfig, progress: Progress | None = None) -> dict:
-    """Runs the scenario; returns the JSON-ready summary (`summary["check"]["passed"]`)."""
+    """Runs the scenario; returns the JSON-ready summary: `summary["passed"]` (the logits
+    check, `summary["check"]["passed"]`, and every tier's, `summary["tiers"][i]["check"]`)."""
     wall = time.perf_counter()
     report = progress or (lambda *_: None)
+    with TierLog() as log:  # the tiers' warnings: why a tier took nothing
+        summary = _run(cfg, report, progress, log)
+    summary["wall_s"] = time.perf_counter() - wall
+    return summary
+
+
+def _run(cfg: ScenarioConfig, report: Progress, progress: Progress | None, log: TierLog) -> dict:
     rng = np.random.default_rng(cfg.model.seed + 1)
     vocab, bs = cfg.model.vocab_size, cfg.block_size
 
@@ -252,14 +183,34 @@ def run_scenario(cfg: ScenarioConfig, progress: Progress | None = None) -> dict:
     logits_equal = bool(np.array_equal(b_logits, r_suffix))
     decode_equal = b_tokens == r_tokens and bool(np.array_equal(b_decode, r_decode))
     stored_ok = stored.success and (loaded is None or loaded.success)
+    # The check shows a reuse only if B hit A's whole prefix, the bytes came from the
+    # host (A's blocks were overwritten meanwhile) and R computed in other blocks.
+    failures = [
+        why
+        for good, why in (
+            (stored_ok, "a store or load job failed"),
+            (hit == cfg.offloaded_blocks, f"B hit {hit} of the {cfg.offloaded_blocks} blocks"),
+            (reused and overwritten, "C did not overwrite A's blocks: a load is not shown"),
+            (disjoint, "R computed in B's blocks"),
+            (logits_equal, "B's logits differ from a full recompute"),
+            (decode_equal, "B decoded other tokens than R"),
+        )
+        if not good
+    ]
+    passed = not failures
+    tiers = [
+        dict(t, spec=spec, check=tier_verdict(spec, t, cfg.offloaded_chunks, log))
+        for t, spec in zip(tiers, cfg.tiers, strict=True)
+    ]
     return {
+        "passed": bool(passed and all(t["check"]["passed"] for t in tiers)),
         "backend": jax.default_backend(),
         "device": str(jax.devices()[0]),
         "model": asdict(cfg.model),
         "scenario": {k: v for k, v in asdict(cfg).items() if k != "model"},
         "block_bytes": block_bytes,
         "host": host,
-        "tiers": [dict(t, spec=spec) for t, spec in zip(tiers, cfg.tiers, strict=True)],
+        "tiers": tiers,  # each with its "check": {"passed", "why"}
         "requests": {
             "A_tokens": len(prefix) + cfg.tail_tokens,
             "B_tokens": len(prefix) + cfg.suffix_tokens,
@@ -288,9 +239,9 @@ def run_scenario(cfg: ScenarioConfig, progress: Progress | None = None) -> dict:
             "decoded_tokens": b_tokens,
             "decode_equal": decode_equal,
             "recompute_in_disjoint_blocks": disjoint,
-            "passed": logits_equal and decode_equal and stored_ok and hit > 0,
+            "passed": passed,
+            "why": "; ".join(failures) or None,
         },
-        "wall_s": time.perf_counter() - wall,
     }
 
 

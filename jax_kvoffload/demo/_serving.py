@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import jax
@@ -18,15 +18,13 @@ import jax.numpy as jnp
 import numpy as np
 
 import pallas_kernels as pk
-from jax_kvoffload.demo._model import DemoConfigError, DemoTransformer, make_forward
+from jax_kvoffload.demo._config import DemoConfigError, Progress
+from jax_kvoffload.demo._model import DemoTransformer, make_forward
 
 logger = logging.getLogger(__name__)
 
 #: `[num_blocks, 2, block_size, kv_heads, head_dim]` per layer, K/V stacked second.
 CACHE_LAYOUT = pk.KVLayout.nhd(pk.KVStacking.SECOND)
-
-Progress = Callable[[str, int, int], None]
-"""`progress(step_name, done, total)`, called after each model step of a long phase."""
 
 
 class OutOfBlocksError(RuntimeError):
@@ -150,6 +148,8 @@ class PagedServer:
         self.reserve(request, n)
         first, last = start // bs, self.blocks_for(n)
         logits = []
+        if progress is not None and last > first:  # started: the first step may compile
+            progress(f"prefill {request.name}", 0, last - first)
         for b in range(first, last):
             chunk = request.tokens[b * bs : (b + 1) * bs]
             chunk = chunk + [0] * (bs - len(chunk))  # padding: written, never attended

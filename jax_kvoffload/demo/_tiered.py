@@ -1,6 +1,7 @@
 """Two engine processes in turn over a secondary tier: the second serves the first's prefix.
 
-`jax-kvoffload demo --tier T --two-process` runs, for each tier T given:
+`jax-kvoffload demo --tier T --two-process` runs, for each tier T given (the parent,
+which never imports jax, is `_two_process.py`; these are the two roles):
 
 1. **writer** (a fresh process): prefills request A (`prompt_blocks` full blocks plus a
    tail), stores its full blocks through the `KVOffloader`, whose host store cascades
@@ -19,22 +20,21 @@ seeded generator, so they agree on the tokens without talking to each other.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict
 
 import jax
 import numpy as np
 
+from jax_kvoffload.demo._config import ScenarioConfig
 from jax_kvoffload.demo._model import DemoTransformer
-from jax_kvoffload.demo._scenario import ScenarioConfig, build_offloader
+from jax_kvoffload.demo._scenario import build_offloader
 from jax_kvoffload.demo._serving import PagedServer, Progress, Request, block_hashes
+from jax_kvoffload.demo._verdict import TierLog, reader_verdict, tier_verdict
 
-__all__ = ["run_reader", "run_two_process", "run_writer"]
+__all__ = ["run_reader", "run_writer"]
 
-ROLE_TIMEOUT_S = 600  # one role's process: compiling and running the small model
+FLUSH_TIMEOUT_S = 600  # the writer's wait for its cascade
 
 
 def _prefix(cfg: ScenarioConfig) -> list[int]:
@@ -47,44 +47,57 @@ def _tokens(cfg: ScenarioConfig, stream: int, n: int) -> list[int]:
     return rng.integers(0, cfg.model.vocab_size, n).tolist()
 
 
-def _engine(cfg: ScenarioConfig):
+def _engine(cfg: ScenarioConfig, progress: Progress | None):
+    report = progress or (lambda *_: None)
+    report("build engine", 0, 1)
     model = DemoTransformer(cfg.model)
     per_seq = cfg.max_blocks_per_seq
     off = build_offloader(cfg, num_blocks=3 * per_seq + cfg.blocks_per_chunk)
     server = PagedServer(model, off, block_size=cfg.block_size, max_blocks_per_seq=per_seq)
+    report("build engine", 1, 1)
     return off, server
 
 
 def run_writer(cfg: ScenarioConfig, progress: Progress | None = None) -> dict:
     """The first process: A's prefix into the host store and, by cascade, the tier."""
-    off, server = _engine(cfg)
-    bs = cfg.block_size
-    try:
-        a = Request("A", _prefix(cfg) + _tokens(cfg, 3, cfg.tail_tokens))
-        start = time.perf_counter()
-        server.prefill(a, progress)
-        prefill_s = time.perf_counter() - start
-        hashes = block_hashes(a.tokens, bs)[: cfg.prompt_blocks]
-        job = off.store(hashes, a.block_ids[: cfg.prompt_blocks])
-        (stored,) = off.wait([job]) if job is not None else (None,)
-        flushed = off.flush_tiers(timeout=ROLE_TIMEOUT_S)
-    finally:
-        off.close()
-    stats = [asdict(t) for t in off.tier_stats]
-    ok = stored is not None and stored.success and flushed
+    with TierLog() as log:
+        off, server = _engine(cfg, progress)
+        bs = cfg.block_size
+        try:
+            a = Request("A", _prefix(cfg) + _tokens(cfg, 3, cfg.tail_tokens))
+            start = time.perf_counter()
+            server.prefill(a, progress)
+            prefill_s = time.perf_counter() - start
+            hashes = block_hashes(a.tokens, bs)[: cfg.prompt_blocks]
+            job = off.store(hashes, a.block_ids[: cfg.prompt_blocks])
+            (stored,) = off.wait([job]) if job is not None else (None,)
+            flushed = off.flush_tiers(timeout=FLUSH_TIMEOUT_S)
+        finally:
+            off.close()
+        stats = [asdict(t) for t in off.tier_stats]
+        pairs = zip(cfg.tiers, stats, strict=True)
+        checks = [tier_verdict(s, t, cfg.offloaded_chunks, log) for s, t in pairs]
+    stored_ok = stored is not None and stored.success
+    why = [c["why"] for c in checks if not c["passed"]]
+    if not stored_ok:
+        why.insert(0, "A's store into the host tier failed")
+    if not flushed:
+        why.append(f"the cascade did not finish within {FLUSH_TIMEOUT_S} s")
     return {
         "role": "writer",
+        "backend": jax.default_backend(),
         "prefill_s": prefill_s,
-        "stored_blocks": cfg.prompt_blocks if stored is not None and stored.success else 0,
+        "stored_blocks": cfg.offloaded_blocks if stored_ok else 0,
         "flushed": flushed,
         "tiers": stats,
-        "passed": bool(ok and all(t["cascaded"] > 0 for t in stats)),
+        "passed": not why,
+        "error": "; ".join(why) or None,
     }
 
 
 def run_reader(cfg: ScenarioConfig, progress: Progress | None = None) -> dict:
     """The second process: B's prefix from the tier, checked against a recompute."""
-    off, server = _engine(cfg)
+    off, server = _engine(cfg, progress)
     bs = cfg.block_size
     try:
         # Warm-up: compile the steps and both transfer directions (nothing timed).
@@ -127,8 +140,22 @@ def run_reader(cfg: ScenarioConfig, progress: Progress | None = None) -> dict:
     logits_equal = bool(np.array_equal(b_logits, r_logits))
     decode_equal = b_tokens == r_tokens and bool(np.array_equal(b_decode, r_decode))
     loaded_ok = loaded is not None and loaded.success
+    tiers = [asdict(t) for t in off.tier_stats]
+    served = [
+        reader_verdict(spec, t, hit, cfg.offloaded_blocks, cfg.offloaded_chunks)
+        for spec, t in zip(cfg.tiers, tiers, strict=True)
+    ]
+    why = [c["why"] for c in served if not c["passed"]]
+    for good, text in (
+        (loaded_ok or not hit, "the load of B's prefix failed"),
+        (logits_equal, "B's logits differ from a full recompute"),
+        (decode_equal, "B decoded other tokens than R"),
+    ):
+        if not good:
+            why.append(text)
     return {
         "role": "reader",
+        "backend": jax.default_backend(),
         "prefix_hit_blocks": hit,
         "prefix_hit_tokens": hit * bs,
         "serve_prefix_s": serve_s,
@@ -138,63 +165,7 @@ def run_reader(cfg: ScenarioConfig, progress: Progress | None = None) -> dict:
         "logits_equal": logits_equal,
         "max_abs_diff": float(np.max(np.abs(b_logits - r_logits))) if len(b_logits) else 0.0,
         "decode_equal": decode_equal,
-        "tiers": [asdict(t) for t in off.tier_stats],
-        "passed": bool(hit == cfg.prompt_blocks and loaded_ok and logits_equal and decode_equal),
-    }
-
-
-def role_argv(cfg: ScenarioConfig, role: str, tier: str) -> list[str]:
-    """The command line of one role's process (`python -m jax_kvoffload demo ...`)."""
-    m = cfg.model
-    argv = [
-        sys.executable, "-m", "jax_kvoffload", "demo", "--role", role, "--tier", tier,
-        "--json", "--quiet",
-        "--layers", str(m.num_layers), "--heads", str(m.num_heads),
-        "--kv-heads", str(m.num_kv_heads), "--head-dim", str(m.head_dim),
-        "--ffn-dim", str(m.ffn_dim), "--vocab", str(m.vocab_size), "--seed", str(m.seed),
-        "--block-size", str(cfg.block_size), "--prompt-blocks", str(cfg.prompt_blocks),
-        "--suffix-tokens", str(cfg.suffix_tokens), "--decode-tokens", str(cfg.decode_tokens),
-        "--blocks-per-chunk", str(cfg.blocks_per_chunk), "--kernel-backend", cfg.kernel_backend,
-    ]  # fmt: skip
-    return argv + ([] if m.rope else ["--no-rope"])
-
-
-def _run_role(cfg: ScenarioConfig, role: str, tier: str) -> dict:
-    proc = subprocess.run(
-        role_argv(cfg, role, tier),
-        capture_output=True,
-        text=True,
-        timeout=ROLE_TIMEOUT_S,
-        check=False,
-    )
-    try:
-        out = json.loads(proc.stdout)
-    except json.JSONDecodeError:
-        tail = proc.stderr.strip().splitlines()[-1:] or ["no output"]
-        return {"role": role, "passed": False, "error": f"exit {proc.returncode}: {tail[0]}"}
-    out["exit_code"] = proc.returncode
-    return out
-
-
-def run_two_process(cfg: ScenarioConfig, progress: Progress | None = None) -> dict:
-    """For each tier of `cfg.tiers`: a writer process, then a reader process."""
-    report = progress or (lambda *_: None)
-    wall = time.perf_counter()
-    runs = []
-    for i, tier in enumerate(cfg.tiers):
-        report(f"writer ({tier})", i, len(cfg.tiers))
-        writer = _run_role(cfg, "writer", tier)
-        report(f"reader ({tier})", i, len(cfg.tiers))
-        reader = _run_role(cfg, "reader", tier) if writer.get("passed") else None
-        runs.append({"tier": tier, "writer": writer, "reader": reader})
-        report(f"tier {tier}", i + 1, len(cfg.tiers))
-    passed = all(r["writer"].get("passed") and (r["reader"] or {}).get("passed") for r in runs)
-    return {
-        "mode": "two-process",
-        "backend": jax.default_backend(),
-        "model": asdict(cfg.model),
-        "scenario": {k: v for k, v in asdict(replace(cfg, tiers=())).items() if k != "model"},
-        "runs": runs,
-        "passed": bool(runs) and passed,
-        "wall_s": time.perf_counter() - wall,
+        "tiers": tiers,
+        "passed": not why,
+        "error": "; ".join(why) or None,
     }

@@ -13,20 +13,44 @@ from jax_kvoffload.errors import KVOffloadTypeError
 from jax_kvoffload.tiers._checks import check_keys
 from jax_kvoffload.tiers._errors import TierClosedError
 
-__all__ = ["SecondaryTier", "TierCounters", "TierJobResult"]
+__all__ = ["KeyFlags", "SecondaryTier", "TierCounters", "TierJobResult"]
 
 Buffer = Any  # any object exporting a contiguous buffer (bytes, memoryview, numpy array)
+
+
+_AMBIGUOUS = (
+    "{what} has no truth value: a job of several keys can succeed for some and fail for "
+    "others; use .all_ok (every key stored or loaded, not dropped), .ok_keys / "
+    ".failed_keys (which ones), or compare .ok with a tuple of booleans"
+)
+
+
+class KeyFlags(tuple):
+    """`TierJobResult.ok`: one bool per key, in submission order; a tuple that refuses
+    to be read as one truth value (`if result.ok:` was true for a job whose every key
+    failed: a non-empty tuple is truthy)."""
+
+    __slots__ = ()
+
+    def __bool__(self) -> bool:
+        raise KVOffloadTypeError(_AMBIGUOUS.format(what="TierJobResult.ok (one flag per key)"))
 
 
 @dataclass(frozen=True)
 class TierJobResult:
     """How one store or load job ended.
 
+    Read it with `all_ok` (did every key succeed?), `ok_keys` / `failed_keys` (which
+    ones), or `ok` (one flag per key). Neither the result nor `ok` has a truth value:
+    `assert result.ok` or `if result:` raise `KVOffloadTypeError` instead of passing for
+    a job whose keys failed.
+
     Attributes:
       kind: "store" or "load".
       keys: the job's keys, in submission order.
-      ok: per key: stored (a store; "already there" counts) or loaded with verified bytes
-        (a load). A False load leaves that key's `out` buffer unspecified.
+      ok: per key (a `KeyFlags` tuple): stored (a store; "already there" counts) or
+        loaded with verified bytes (a load). A False load leaves that key's `out` buffer
+        unspecified.
       dropped: a store refused whole under backpressure (nothing was written).
       nbytes: payload bytes moved.
       seconds: wall time from submission to completion.
@@ -39,16 +63,25 @@ class TierJobResult:
     nbytes: int = 0
     seconds: float = 0.0
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "ok", KeyFlags(self.ok))
+
+    def __bool__(self) -> bool:
+        raise KVOffloadTypeError(_AMBIGUOUS.format(what="a TierJobResult"))
+
     @property
     def all_ok(self) -> bool:
+        """Every key stored (or loaded, verified) and the job not dropped."""
         return all(self.ok) and not self.dropped
 
     @property
     def ok_keys(self) -> tuple[bytes, ...]:
+        """The keys that succeeded, in submission order."""
         return tuple(k for k, ok in zip(self.keys, self.ok, strict=True) if ok)
 
     @property
     def failed_keys(self) -> tuple[bytes, ...]:
+        """The keys that failed (missed, or were dropped), in submission order."""
         return tuple(k for k, ok in zip(self.keys, self.ok, strict=True) if not ok)
 
 

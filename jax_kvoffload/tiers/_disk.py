@@ -41,10 +41,12 @@ from jax_kvoffload.tiers._disk_entry import read_entry, write_entry
 from jax_kvoffload.tiers._disk_fs import (
     ALIGN,
     StagingBuffer,
+    describe_file,
     entry_name,
     make_shards,
     open_private_dir,
     open_private_root,
+    open_regular,
     probe_direct_io,
     removed_dir,
     tmp_name,
@@ -173,6 +175,14 @@ class DiskTier(SecondaryTier):
 
     # ---- public API --------------------------------------------------------------------
 
+    @staticmethod
+    def check_path(path: str) -> None:
+        """Makes `path` if missing (0700, its missing parents too) and checks it as
+        opening a tier there will: a directory of this user, reachable by no one else,
+        not a link (`UnsafeDirectoryError`, `TierStateError`). For a tool that checks its
+        arguments before a long start-up (`jax-kvoffload demo --tier disk:PATH`)."""
+        os.close(open_private_root(path))
+
     def contains(self, keys: Sequence[bytes]) -> list[bool]:
         self._check_open()
         keys = check_keys(keys)
@@ -182,7 +192,7 @@ class DiskTier(SecondaryTier):
             rel = f"{shard}/{name}"
             try:
                 st = os.stat(rel, dir_fd=self._ns_fd, follow_symlinks=False)
-                hit = stat.S_ISREG(st.st_mode)
+                hit = describe_file(st) is None
             except OSError:
                 hit = False
             out.append(hit)
@@ -264,13 +274,16 @@ class DiskTier(SecondaryTier):
             return False, 0
         try:
             st = os.stat(rel, dir_fd=self._ns_fd, follow_symlinks=False)
-            if stat.S_ISREG(st.st_mode):
+        except OSError:
+            pass  # absent (or unreadable: the write below says why)
+        else:
+            kind = describe_file(st)
+            if kind is None:
                 self._counters.add(keys_already_present=1, keys_stored=1)
                 self._index.touch(f"{self._ns_name}/{rel}", st.st_size)
                 self._evict(keep=f"{self._ns_name}/{rel}")
                 return True, 0
-        except OSError:
-            pass  # absent (or unreadable: the write below says why)
+            self._reject(rel, st, kind)  # the rename below could not replace a directory
         tmp = tmp_name(name)
         begun = time.monotonic()
         try:
@@ -353,20 +366,18 @@ class DiskTier(SecondaryTier):
         (kept)."""
         shard, name = entry_name(self._namespace, key)
         rel = f"{shard}/{name}"
-        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
         try:
-            fd = os.open(rel, flags | (_O_DIRECT if self.direct_io else 0), dir_fd=self._ns_fd)
+            fd, st = open_regular(rel, self._ns_fd, _O_DIRECT if self.direct_io else 0)
         except FileNotFoundError:  # evicted (perhaps by another process): out of the budget
             self._index.discard(f"{self._ns_name}/{rel}")
             return False
         except OSError as e:
-            if e.errno == errno.ELOOP:  # a link where an entry should be: never followed
-                self._reject(rel, None, "symbolic link")
-            else:
-                self._io_error("load", e)
+            self._io_error("load", e)
+            return False
+        if fd < 0:  # a link, a FIFO, a device, a directory...: never opened, never read
+            self._reject(rel, st, describe_file(st) or "not a regular file")
             return False
         try:
-            st = os.fstat(fd)
             got = read_entry(fd, st, stage, self._namespace, key, out, self.direct_io)
             if isinstance(got, str):  # a bad file: why
                 self._reject(rel, st, got)
@@ -384,7 +395,7 @@ class DiskTier(SecondaryTier):
         finally:
             os.close(fd)
 
-    def _reject(self, rel: str, st: os.stat_result | None, reason: str) -> None:
+    def _reject(self, rel: str, st: os.stat_result, reason: str) -> None:
         """Counts a bad entry and removes it (only if the file is still the one read)."""
         self._counters.add(corrupt=1)
         log_once(
@@ -399,8 +410,10 @@ class DiskTier(SecondaryTier):
         )
         try:
             now = os.stat(rel, dir_fd=self._ns_fd, follow_symlinks=False)
-            if st is None or (now.st_ino, now.st_dev) == (st.st_ino, st.st_dev):
-                os.unlink(rel, dir_fd=self._ns_fd)
+            if (now.st_ino, now.st_dev) == (st.st_ino, st.st_dev):
+                # An empty directory goes too; one holding files is left to its owner.
+                remove = os.rmdir if stat.S_ISDIR(now.st_mode) else os.unlink
+                remove(rel, dir_fd=self._ns_fd)
         except OSError:
             pass
         self._index.discard(f"{self._ns_name}/{rel}")

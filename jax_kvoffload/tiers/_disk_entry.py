@@ -11,12 +11,12 @@ caller's aligned `StagingBuffer`.
 from __future__ import annotations
 
 import os
-import stat
 
 from jax_kvoffload.tiers._crc import crc32c
 from jax_kvoffload.tiers._disk_fs import (
     ALIGN,
     StagingBuffer,
+    describe_file,
     is_aligned,
     read_all,
     stored_length,
@@ -63,8 +63,9 @@ def read_entry(
     (a verified hit, `out` filled), the payload length of a whole entry of this key that
     `out` does not fit (the file is good: keep it), or why the file is bad (a str: the
     caller removes it). OSError propagates."""
-    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
-        return "not a regular file of ours"
+    kind = describe_file(st)
+    if kind is not None:  # `open_regular` opened none; checked again all the same
+        return kind
     n = len(out)
     total = ALIGN + n
     if not total <= st.st_size <= -(-total // ALIGN) * ALIGN:

@@ -2,9 +2,11 @@
 
 Safety rules (DESIGN.md, "Safe to share a machine"): the root directory must be owned by
 this user with no group/other access and must not be a symbolic link; every directory
-we create is 0700 and every file 0600 (`O_EXCL`, so an existing file is never reused);
-files are opened with `O_NOFOLLOW` relative to directory descriptors, and every file we
-read must be a regular file we own.
+we create is 0700 and every file 0600 (`O_EXCL`, so an existing file is never reused),
+the missing parents of the root too, whatever the umask; files are opened with
+`O_NOFOLLOW` relative to directory descriptors, and only a regular file we own is ever
+opened for reading (`open_regular`): a FIFO, a device, a socket or a directory at an
+entry's name is never opened, so it can neither block a thread nor be read.
 """
 
 from __future__ import annotations
@@ -33,11 +35,13 @@ __all__ = [
     "ENTRY_SUFFIX",
     "SHARDS",
     "StagingBuffer",
+    "describe_file",
     "entry_name",
     "is_aligned",
     "make_shards",
     "open_private_dir",
     "open_private_root",
+    "open_regular",
     "probe_direct_io",
     "process_token",
     "read_all",
@@ -125,13 +129,43 @@ def _cannot(path: str, e: OSError) -> TierStateError:
     )
 
 
-def open_private_root(path: str) -> int:
-    """A directory descriptor of `path`, created 0700 if missing, checked private."""
-    parent = os.path.dirname(os.path.abspath(path))
+def _mkdir_private(path: str) -> bool:
+    """Makes directory `path` with mode exactly 0700 (the umask can only take bits away:
+    owner bits it took are given back); False if something exists there already."""
     try:
-        os.makedirs(parent, exist_ok=True)
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(path, 0o700)
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        return False
+    fd = os.open(path, _DIR_FLAGS)
+    try:
+        if stat.S_IMODE(os.fstat(fd).st_mode) != 0o700:
+            os.fchmod(fd, 0o700)
+    finally:
+        os.close(fd)
+    return True
+
+
+def _make_parents(parent: str) -> None:
+    """Makes the missing directories of `parent`, each 0700: `os.makedirs` would give
+    them the process umask's mode (world-writable under `umask 000`), and another user
+    could then swap the tier's directory for one of theirs."""
+    missing = []
+    while not os.path.isdir(parent):
+        missing.append(parent)
+        up = os.path.dirname(parent)
+        if up == parent:
+            break
+        parent = up
+    for path in reversed(missing):
+        _mkdir_private(path)
+
+
+def open_private_root(path: str) -> int:
+    """A directory descriptor of `path`, created 0700 if missing (its missing parents
+    too), checked private."""
+    try:
+        _make_parents(os.path.dirname(os.path.abspath(path)))
+        _mkdir_private(path)
     except OSError as e:
         raise _cannot(path, e) from None
     try:
@@ -279,6 +313,61 @@ def write_all(fd: int, bufs: list[Any], total: int) -> None:
     done = os.pwritev(fd, bufs, 0)
     if done < total:
         raise OSError(errno.ENOSPC, f"short write: {done} of {total} bytes")
+
+
+_KINDS = (
+    (stat.S_ISLNK, "a symbolic link"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISDIR, "a directory"),
+)
+
+
+def describe_file(st: os.stat_result) -> str | None:
+    """None for a regular file of this user; else what it is ("a FIFO", ...)."""
+    for test, kind in _KINDS:
+        if test(st.st_mode):
+            return kind
+    if not stat.S_ISREG(st.st_mode):
+        return f"a file of type {stat.S_IFMT(st.st_mode):o}"
+    if st.st_uid != os.geteuid():
+        return f"a file of uid {st.st_uid}, not ours"
+    return None
+
+
+def open_regular(name: str, dir_fd: int, flags: int = 0) -> tuple[int, os.stat_result]:
+    """(descriptor, fstat) of `name` (relative to `dir_fd`) opened read-only, or (-1,
+    its lstat) when it is not a regular file of ours (`describe_file` says what).
+
+    Only a regular file is ever opened: a FIFO would block `open` until a writer came
+    (and the tier's `close()` with it), a device runs its driver's open, a socket or a
+    directory is no entry. `lstat` first, so none of those is opened; `O_NONBLOCK` and
+    `O_NOFOLLOW` in case the name changed meanwhile (`O_NONBLOCK` changes nothing for a
+    regular file), and the descriptor's own `fstat` decides. OSError (absent, EACCES)
+    propagates.
+    """
+    st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    if describe_file(st) is not None:
+        return -1, st
+    flags |= os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(name, flags, dir_fd=dir_fd)
+    except OSError as e:
+        if e.errno not in (errno.ELOOP, errno.ENXIO, errno.ENODEV, errno.EISDIR):
+            raise
+        # Replaced since the lstat by a link, a socket, a device, a directory.
+        return -1, os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    try:
+        now = os.fstat(fd)
+    except BaseException:
+        os.close(fd)
+        raise
+    if describe_file(now) is not None:
+        os.close(fd)
+        return -1, now
+    return fd, now
 
 
 def read_all(fd: int, bufs: list[memoryview], total: int) -> int:

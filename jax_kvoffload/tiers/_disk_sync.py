@@ -41,6 +41,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import contextlib
 import ctypes
+import errno
 import os
 import threading
 import time
@@ -48,6 +49,7 @@ from collections import deque
 from collections.abc import Callable
 
 from jax_kvoffload._threads import start_threads
+from jax_kvoffload.tiers._disk_fs import describe_file, open_regular
 from jax_kvoffload.tiers._errors import TIER_THREADS
 
 __all__ = ["SYNCFS", "Syncer", "then", "unlink_quietly"]
@@ -195,11 +197,11 @@ class Syncer:
         for i in alone:
             item = batch[i]
             try:
-                fd = os.open(
-                    f"{item.shard}/{item.tmp}",
-                    os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC,
-                    dir_fd=self._ns_fd,
-                )
+                # Our own new file, but its name is opened again: nothing else is read.
+                fd, st = open_regular(f"{item.shard}/{item.tmp}", self._ns_fd)
+                if fd < 0:
+                    kind = describe_file(st)
+                    raise OSError(errno.EINVAL, f"{item.tmp} is now {kind}, not our entry")
                 try:
                     os.fdatasync(fd)
                 finally:

@@ -246,6 +246,7 @@ def run_soak(tmp_path, monkeypatch, seed, server) -> None:
     print(f"seed {seed}: {soak.good_loads} loads served, slowest step {slowest:.2f} s")
 
 
+@pytest.mark.slow  # a soak on a real disk tier and Redis server
 @pytest.mark.parametrize("seed", SEEDS)
 def test_real_tier_soak(tmp_path, monkeypatch, seed):
     server = RedisServer(maxmemory="2mb") if REDIS_SERVER is not None else None
@@ -256,6 +257,7 @@ def test_real_tier_soak(tmp_path, monkeypatch, seed):
             server.stop()
 
 
+@pytest.mark.slow  # a soak on a real Redis Cluster
 @pytest.mark.skipif(not HAVE_CLUSTER, reason=NO_CLUSTER)
 @pytest.mark.parametrize("seed", CLUSTER_SEEDS)
 def test_real_tier_soak_on_a_cluster(tmp_path, monkeypatch, seed, redis_cluster):

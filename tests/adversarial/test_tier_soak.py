@@ -130,6 +130,7 @@ class TierSoak(Soak):
 COVERAGE: Counter = Counter()
 
 
+@pytest.mark.slow  # a soak
 @pytest.mark.parametrize("seed", SEEDS)
 def test_tier_soak(monkeypatch, seed):
     started = time.perf_counter()
@@ -146,6 +147,7 @@ def test_tier_soak(monkeypatch, seed):
     assert soak.stats["blocks verified"] > 0, f"seed {seed}: no load verified a block"
 
 
+@pytest.mark.slow  # reads what the soaks above recorded
 def test_the_soaks_promoted_from_the_tier():
     """Over all seeds, lookups promoted from the tier. One seed alone may draw none (the
     timing of asynchronous lookups decides: seed 1 drew none once in ten runs here);

@@ -398,6 +398,7 @@ def _rank_process(form, tp, rank, heads, engine_id, barrier, rows_out):
 
 
 @vllm_only
+@pytest.mark.slow  # worker processes on a shared region: ~16 s on 2 idle cores
 def test_worker_processes_share_one_region_of_canonical_pages():
     # As under vLLM's multiprocess executor: one process per rank, one /dev/shm region.
     import multiprocessing as mp

@@ -36,6 +36,7 @@ def run_script(module: str) -> list[str]:
     return proc.stdout.split()
 
 
+@pytest.mark.slow  # one process per mesh size: ~14 s on 2 idle cores
 def test_same_chunks_from_every_mesh():
     assert run_script("tests.canonical._mesh_script")[-2:] == ["ok", "15"]
 

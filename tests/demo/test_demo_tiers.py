@@ -75,6 +75,7 @@ def test_a_tier_that_refuses_every_store_is_visible_in_the_summary(tmp_path):
     assert "0 chunks cascaded" in row and "the warning on stderr says why" in row, row
 
 
+@pytest.mark.slow  # four engine processes (two tiers): ~27 s on 2 idle cores
 def test_two_processes_serve_the_prefix_from_each_tier(tmp_path, capsys, redis_url):
     tiers = ["--tier", f"disk:{tmp_path / 'tier'}"]
     if redis_url is not None:

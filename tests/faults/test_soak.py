@@ -178,6 +178,7 @@ class Soak:
         self.close()
 
 
+@pytest.mark.slow  # a soak
 @pytest.mark.parametrize("seed", SEEDS)
 def test_soak(monkeypatch, seed):
     started = time.perf_counter()

@@ -67,6 +67,7 @@ def test_kernel_matches_reference(backend, case):
         assert_same_bits(g, w)
 
 
+@pytest.mark.slow  # every tuning knob in the interpreters: ~10 s on 2 idle cores
 @pytest.mark.parametrize("backend", PALLAS_BACKENDS)
 def test_kernel_tuning_knobs_keep_results(backend):
     """Several programs / small windows / narrow words move the same bits."""

@@ -201,7 +201,7 @@ StoreMachine.TestCase.settings = settings(
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
-test_store_machine = StoreMachine.TestCase
+test_store_machine = pytest.mark.slow(StoreMachine.TestCase)  # ~15 s on 2 idle cores
 
 
 class _Fixed:

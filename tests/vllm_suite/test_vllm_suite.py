@@ -125,6 +125,7 @@ def _in_selection(nodeid: str, selection: str) -> bool:
     return nodeid == selection or nodeid.startswith(selection + "::")
 
 
+@pytest.mark.slow  # vLLM's own suite in a subprocess: ~48 s on 2 idle cores
 @pytest.mark.parametrize(
     "selection", MANIFEST.files, ids=[s.rsplit("/", 1)[-1] for s in MANIFEST.files]
 )
