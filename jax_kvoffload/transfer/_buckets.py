@@ -8,7 +8,8 @@ bytes are moved twice.
 
 from __future__ import annotations
 
-from jax_kvoffload.transfer._jobs import TransferError, check_index
+from jax_kvoffload.transfer._errors import TransferError
+from jax_kvoffload.transfer._index_checks import check_index
 
 
 def bucket_sizes(n: int, max_bucket: int) -> list[int]:

@@ -20,7 +20,7 @@ import numpy as np
 
 import pallas_kernels as pk
 from jax_kvoffload.config import CanonicalPageMapping, CopyRun, KVTensorView
-from jax_kvoffload.transfer._jobs import TransferError
+from jax_kvoffload.transfer._errors import TransferError
 from jax_kvoffload.transfer._strided import StridedCopy, copy_rows, merge_copies
 
 

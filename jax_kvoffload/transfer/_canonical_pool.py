@@ -22,8 +22,8 @@ from jax_kvoffload.transfer._canonical import (
     plan_for_group,
 )
 from jax_kvoffload.transfer._engine import GroupCaches
+from jax_kvoffload.transfer._errors import TransferError
 from jax_kvoffload.transfer._host_pool import HostChunkPool
-from jax_kvoffload.transfer._jobs import TransferError
 from jax_kvoffload.transfer._pool_base import HostPool, HostPoolError
 
 logger = logging.getLogger(__name__)

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from jax_kvoffload.transfer._jobs import check_index
+from jax_kvoffload.transfer._index_checks import check_index
 from jax_kvoffload.transfer._pool_base import HostPool, HostPoolError
 from jax_kvoffload.transfer._strided import copy_rows
 

@@ -13,7 +13,7 @@ from typing import ClassVar
 import numpy as np
 
 from jax_kvoffload.errors import KVOffloadTypeError, KVOffloadValueError
-from jax_kvoffload.transfer._jobs import check_index, check_indices
+from jax_kvoffload.transfer._index_checks import check_index, check_indices
 
 __all__ = ["HostPool", "HostPoolError"]
 

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from jax_kvoffload.transfer._jobs import check_index
+from jax_kvoffload.transfer._index_checks import check_index
 from jax_kvoffload.transfer._pool_base import HostPool, HostPoolError
 
 __all__ = ["ChunkRowPool"]
