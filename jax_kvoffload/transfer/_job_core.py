@@ -35,9 +35,10 @@ results (`make_result`); the core never logs. Calls come from the engine's calle
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
@@ -61,10 +62,10 @@ class Tally(Protocol):
 
 
 class EndTime:
-    """When a job's worker part ended, set by its future's done callback.
+    """When a job's worker part ended, set by `run_job` just before its future is.
 
-    Its own object, not a method of the job: a callback bound to the job makes job and
-    future a reference cycle (job.future -> callback -> job), so every finished job, and
+    Its own object, not the job: a done callback bound to the job made job and future a
+    reference cycle (job.future -> callback -> job), so every finished job, and
     a load's staging with it (the size of the job), outlived its completion until the
     cyclic collector ran: dead 512 MiB loads piled up (+384 MiB resident each), and
     faulting in each load's fresh staging cost ~25x the kernel time; loads ran at half
@@ -76,7 +77,7 @@ class EndTime:
     def __init__(self) -> None:
         self.at: float | None = None
 
-    def mark(self, _: Future) -> None:
+    def mark(self) -> None:
         self.at = time.perf_counter()
 
 
@@ -102,8 +103,9 @@ class EngineJob:
         return self.end.at
 
 
-def run_job(future: Future, after: list[Future], work: Callable[[], None]) -> None:
-    """A job's worker part: waits for the earlier jobs that share its rows, then works."""
+def run_job(future: Future, end: EndTime, after: list[Future], work: Callable[[], None]) -> None:
+    """A job's worker part: waits for the earlier jobs that share its rows, then works.
+    Its end is marked before its future is set: whoever sees the future done sees it."""
     if not future.set_running_or_notify_cancel():
         return  # cancelled before it started (discarded, or its submit was interrupted)
     try:
@@ -111,9 +113,21 @@ def run_job(future: Future, after: list[Future], work: Callable[[], None]) -> No
             wait_futures(after)
         work()
     except BaseException as exc:  # every failure, even SystemExit, ends as a failed job
+        end.mark()
         future.set_exception(exc)
     else:
+        end.mark()
         future.set_result(None)
+
+
+def wait_for(futures: Iterable[Future]) -> None:
+    """Blocks until every future is done; interruptible (a lock wait), never raises
+    their exceptions. Cheaper than `concurrent.futures.wait`, which locks every future
+    and installs a waiter on each (measured: ~35 us more per job on the CI VM)."""
+    for future in futures:
+        if not future.done():
+            with contextlib.suppress(CancelledError):
+                future.exception()
 
 
 class JobCore(Generic[R]):
@@ -214,11 +228,10 @@ class JobCore(Generic[R]):
         if started is None:
             started = time.perf_counter()
         job = EngineJob(job_id, lane, direction, future, started, size_bytes, rows, payload)
-        future.add_done_callback(job.end.mark)  # no reference to the job: no cycle
         with deferred_interrupts():
             self._pending[job_id] = job
             try:
-                self._threads[lane].submit(run_job, future, waits, work)
+                self._threads[lane].submit(run_job, future, job.end, waits, work)
             except BaseException as exc:
                 if not future.cancel():
                     raise  # it runs already: it stays in flight and is reported (`knows`)
@@ -227,7 +240,7 @@ class JobCore(Generic[R]):
                     raise
                 # e.g. no thread could start: the job is accepted and ends as failed
                 job.future = Future()
-                job.future.add_done_callback(job.end.mark)
+                job.end.mark()
                 job.future.set_exception(exc)
 
     def fail(
@@ -245,7 +258,7 @@ class JobCore(Generic[R]):
         if started is None:
             started = time.perf_counter()
         job = EngineJob(job_id, lane, self._lanes[lane], future, started, size_bytes)
-        future.add_done_callback(job.end.mark)
+        job.end.mark()
         future.set_exception(error)
         self._pending[job_id] = job
 
@@ -256,7 +269,8 @@ class JobCore(Generic[R]):
         if job is None:
             return False
         job.discarded = True
-        job.future.cancel()
+        if job.future.cancel():
+            job.end.mark()  # it never ran: it ended now
         return True
 
     # -- completing (caller's thread) ----------------------------------------------------
@@ -277,7 +291,7 @@ class JobCore(Generic[R]):
             futures = [j.future for j in self._pending.values()]
         else:
             futures = [self._pending[i].future for i in job_ids if i in self._pending]
-        wait_futures(futures)
+        wait_for(futures)
 
     def wait(self, job_ids: Sequence[int]) -> list[R]:
         """Blocks until the given jobs end, completes them, and returns their results in
@@ -300,7 +314,7 @@ class JobCore(Generic[R]):
         if self.closed:
             return
         self.closing = True
-        wait_futures([j.future for j in self._pending.values()])
+        wait_for([j.future for j in self._pending.values()])
         if complete:
             for job in list(self._pending.values()):
                 self._complete(job)
