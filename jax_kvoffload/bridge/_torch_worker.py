@@ -19,16 +19,16 @@ torch `index_copy_` per tensor into a strided view of vLLM's own tensor
 
 Threads: `submit_*`, `get_finished`, `wait` and `shutdown` are called from one thread
 (vLLM's worker). Stores, regular loads and expedited loads each run on their own thread
-and complete FIFO, like vLLM's three handlers.
+and complete FIFO, like vLLM's three handlers. The jobs themselves (ids, lanes, order,
+timing, tally, the report-once bookkeeping) are the transfer engine's job core
+(`transfer/_job_core.py`); this module is the data path and vLLM's call shapes.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections import deque
 from collections.abc import Iterable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,13 +40,15 @@ from jax_kvoffload.bridge._tensor_bytes import TensorBytes, UnitRows
 from jax_kvoffload.errors import KVOffloadStateError, KVOffloadTypeError
 from jax_kvoffload.hostmem import HostPool, build_host_pool
 from jax_kvoffload.stats import TransferTally, TransferTotals
-from jax_kvoffload.transfer import bucket_sizes
+from jax_kvoffload.transfer import Direction, bucket_sizes
+from jax_kvoffload.transfer.internals import EngineJob, JobCore, JobError, bucket_for, to_host
 
 __all__ = ["Finished", "TorchKVWorker", "WorkerClosedError", "host_widths"]
 
 logger = logging.getLogger(__name__)
 
-_QUEUES = ("store", "load", "expedited")
+# vLLM's three handlers: one lane (worker thread, FIFO completion) each.
+_LANES = {"store": Direction.STORE, "load": Direction.LOAD, "expedited": Direction.LOAD}
 
 
 class WorkerClosedError(KVOffloadStateError):
@@ -63,19 +65,6 @@ class Finished:
     transfer_time: float
 
 
-@dataclass
-class _Job:
-    job_id: int
-    future: Future
-    size: int
-    started: float
-    queue: str = "store"
-    ended: float | None = None  # when its thread finished (not when it was collected)
-
-    def mark_ended(self, _: Future) -> None:
-        self.ended = time.perf_counter()
-
-
 def _sync_device(device: Any) -> None:
     """Orders our reads after the engine's pending writes to an accelerator tensor.
 
@@ -85,21 +74,6 @@ def _sync_device(device: Any) -> None:
         import torch
 
         torch.accelerator.synchronize(device)
-
-
-def _to_host(staging: Any) -> Any:
-    """The staging array copied into host memory (pinned where the platform has it); on
-    CPU the device array already is host memory and numpy reads it in place."""
-    import jax
-
-    device = next(iter(staging.devices()))
-    if device.platform == "cpu":
-        return staging
-    kinds = {m.kind for m in device.addressable_memories()}
-    for kind in ("pinned_host", "unpinned_host"):
-        if kind in kinds:
-            return jax.device_put(staging, staging.sharding.with_memory_kind(kind))
-    return staging  # np.asarray copies it on the store thread
 
 
 def host_widths(group_refs: Sequence[Sequence[tuple[int, int]]]) -> dict[int, int]:
@@ -228,16 +202,13 @@ class TorchKVWorker:
             if store_kernel or (store_kernel is None and self._geo[t].device.type != "cpu")
         }
         self._kernel_kw = {"backend": backend}
-        self._max_bucket = max_bucket
-        self._max_staging = max_staging_bytes
+        self._buckets = (max_bucket, max_staging_bytes)
         self._on_shutdown = on_shutdown
         self._not_ready = not_ready
-        self._jobs: dict[str, deque[_Job]] = {q: deque() for q in _QUEUES}
-        self._threads = {q: ThreadPoolExecutor(1, thread_name_prefix=f"kv-{q}") for q in _QUEUES}
-        self._ready: list[Any] = []
-        self._closed = False  # no new jobs
+        self._ready: list[Any] = []  # refused jobs' results (never queued)
         self._shut_down = False  # every job ended, on_shutdown called
         self._tally = TransferTally()
+        self._core: JobCore[Any] = JobCore(_LANES, self._result, fifo=True, tally=self._tally)
 
     # -- vLLM OffloadingWorker API -------------------------------------------------
 
@@ -254,13 +225,13 @@ class TorchKVWorker:
             return True
         for device in {self._geo[m.tensor].device for m in moves}:
             _sync_device(device)
-        started = time.perf_counter()
+        started = time.perf_counter()  # a store's time includes its gather
         try:
             staged = [piece for m in moves for piece in self._gather(m)]
         except Exception as exc:  # e.g. device memory exhausted: the job fails, reported
-            self._enqueue("store", job_id, exc, size, started)
+            self._core.fail(job_id, "store", exc, size, started=started)
             return True
-        self._enqueue("store", job_id, lambda: self._write(staged), size, started)
+        self._core.submit(job_id, "store", lambda: self._write(staged), size, started=started)
         return True
 
     def submit_load(
@@ -270,17 +241,14 @@ class TorchKVWorker:
         moves, size = self._plan(job_id, dst_spec, src_spec, load=True)
         if self._refused(job_id, size, store=False):
             return True
-        queue = "expedited" if expedited else "load"
-        self._enqueue(queue, job_id, lambda: self._run_load(moves), size, time.perf_counter())
+        lane = "expedited" if expedited else "load"
+        self._core.submit(job_id, lane, lambda: self._run_load(moves), size)
         return True
 
     def get_finished(self) -> list[Any]:
         """Results of the jobs that ended since the last call (FIFO per queue)."""
         out, self._ready = self._ready, []
-        for queue in self._jobs.values():
-            while queue and queue[0].future.done():
-                out.append(self._result(queue.popleft()))
-        return out
+        return out + self._core.collect()
 
     def wait(self, job_ids: set[int] | Sequence[int]) -> None:
         """Blocks until the given jobs ended; their results stay for `get_finished`."""
@@ -288,11 +256,7 @@ class TorchKVWorker:
             raise KVOffloadTypeError(
                 f"job_ids must be a set or sequence of job ids, got {type(job_ids).__name__}"
             )
-        wanted = set(int_ids("job_ids", list(job_ids)))
-        for queue in self._jobs.values():
-            for job in list(queue):
-                if job.job_id in wanted:
-                    job.future.exception()  # waits without raising
+        self._core.join(set(int_ids("job_ids", list(job_ids))))
 
     def transfer_totals(self) -> tuple[TransferTotals, TransferTotals]:
         """(store, load) totals of the jobs reported so far (docs/observability.md);
@@ -304,15 +268,9 @@ class TorchKVWorker:
         it waits, new jobs are already refused and the next call finishes the job."""
         if self._shut_down:
             return
-        self._closed = True
-        # The jobs' own futures, not the threads' joins, say when the work has ended: a
-        # join interrupted by Ctrl-C marks a running thread stopped on CPython 3.11, and
-        # on_shutdown may unmap the memory a running job still writes.
-        for queue in self._jobs.values():
-            for job in list(queue):
-                job.future.exception()  # waits without raising
-        for pool in self._threads.values():
-            pool.shutdown(wait=True)
+        # Waits for the jobs' own futures (on_shutdown may unmap the memory a running
+        # job still writes); their results stay for get_finished, as vLLM's.
+        self._core.close(complete=False)
         if not self._shut_down:
             self._shut_down = True
             if self._on_shutdown is not None:
@@ -324,10 +282,10 @@ class TorchKVWorker:
         self, job_id: int, device_spec: Any, host_spec: Any, *, load: bool
     ) -> tuple[list[TensorMove], int]:
         """The job's moves, checked: ids in range, a load writing each block once."""
-        if self._closed:
+        if self._core.closing:
             raise WorkerClosedError(f"job {job_id}: the worker is shut down")
         _check_int("job_id", job_id, 0)
-        if any(j.job_id == job_id for q in self._jobs.values() for j in q):
+        if self._core.in_flight(job_id):
             raise JobSpecError(f"job id {job_id} is already in flight")
         moves, size = plan_job(
             device_spec.block_ids,
@@ -370,16 +328,6 @@ class TorchKVWorker:
         self._tally.record(store, False, size, 0.0)
         return True
 
-    def _enqueue(self, queue: str, job_id: int, work: Any, size: int, started: float) -> None:
-        if isinstance(work, BaseException):
-            future: Future = Future()
-            future.set_exception(work)
-        else:
-            future = self._threads[queue].submit(work)
-        job = _Job(job_id, future, size, started, queue)
-        future.add_done_callback(job.mark_ended)  # on the job's thread, as it ends
-        self._jobs[queue].append(job)
-
     def _gather(self, m: TensorMove) -> list[tuple[TensorMove, int, int, Any]]:
         """The blocks of one move on their way to host memory, in power-of-two buckets:
         `[(move, first slot, blocks, host staging or a numpy gather to run)]`."""
@@ -390,16 +338,14 @@ class TorchKVWorker:
             return [(m, m.first_slot, len(ids), lambda: view[ids])]
         rows = units.rows_of(np.asarray(m.block_ids), m.width)
         k = m.width // units.unit
-        bucket = self._max_bucket
-        while bucket > 1 and bucket * m.width > self._max_staging:
-            bucket //= 2
+        on_cpu = next(iter(units.array.devices())).platform == "cpu"
         out, start = [], 0
-        for n in bucket_sizes(len(m.block_ids), bucket):
+        for n in bucket_sizes(len(m.block_ids), bucket_for(m.width, *self._buckets)):
             ids = rows[start * k : (start + n) * k]
             staging = pk.gather_blocks(
                 [units.array], ids, layout=pk.KVLayout.raw(), **self._kernel_kw
             )
-            out.append((m, m.first_slot + start, n, _to_host(staging)))
+            out.append((m, m.first_slot + start, n, to_host(staging, on_cpu)))
             start += n
         return out
 
@@ -427,11 +373,9 @@ class TorchKVWorker:
             dst.index_copy_(0, index, src)
             _sync_device(dst.device)
 
-    def _result(self, job: _Job) -> Any:
-        error = job.future.exception()
+    def _result(self, job: EngineJob, error: JobError, seconds: float) -> Any:
+        # The job core times the copy itself, as vLLM does (CUDA events), not the wait
+        # until it is collected, and counts it in the tally.
         if error is not None:
             logger.warning("offload job %d failed: %r", job.job_id, error)
-        # vLLM times the copy itself (CUDA events), not the wait until it is collected.
-        seconds = (job.ended or time.perf_counter()) - job.started
-        self._tally.record(job.queue == "store", error is None, job.size, seconds)
-        return self._result_type(job.job_id, error is None, job.size, seconds)
+        return self._result_type(job.job_id, error is None, job.size_bytes, seconds)

@@ -17,11 +17,11 @@ from jax_kvoffload.transfer._canonical_global import check_global_caches as chec
 from jax_kvoffload.transfer._canonical_pool import CanonicalPoolView as CanonicalPoolView
 from jax_kvoffload.transfer._canonical_pool import plans_for_rank as plans_for_rank
 from jax_kvoffload.transfer._engine import TransferEngine as TransferEngine
-from jax_kvoffload.transfer._jobs import Direction as Direction
-from jax_kvoffload.transfer._jobs import GroupTransfer as GroupTransfer
-from jax_kvoffload.transfer._jobs import TransferError as TransferError
-from jax_kvoffload.transfer._jobs import TransferResult as TransferResult
-from jax_kvoffload.transfer._jobs import TransferStateError as TransferStateError
+from jax_kvoffload.transfer._errors import TransferError as TransferError
+from jax_kvoffload.transfer._errors import TransferStateError as TransferStateError
+from jax_kvoffload.transfer._job_types import Direction as Direction
+from jax_kvoffload.transfer._job_types import GroupTransfer as GroupTransfer
+from jax_kvoffload.transfer._job_types import TransferResult as TransferResult
 from jax_kvoffload.transfer._medium import Medium as Medium
 from jax_kvoffload.transfer._medium import TransferPath as TransferPath
 

@@ -9,7 +9,7 @@ bytes are moved twice.
 from __future__ import annotations
 
 from jax_kvoffload.hostmem.internals import check_index
-from jax_kvoffload.transfer._jobs import TransferError
+from jax_kvoffload.transfer._errors import TransferError
 
 
 def bucket_sizes(n: int, max_bucket: int) -> list[int]:

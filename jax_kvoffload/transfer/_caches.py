@@ -16,7 +16,7 @@ import numpy as np
 
 import pallas_kernels as pk
 from jax_kvoffload.errors import KVOffloadTypeError
-from jax_kvoffload.transfer._jobs import TransferError, TransferStateError
+from jax_kvoffload.transfer._errors import TransferError, TransferStateError
 
 
 def _buffers(array: jax.Array) -> list[int]:

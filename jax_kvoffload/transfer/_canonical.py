@@ -21,7 +21,7 @@ import numpy as np
 import pallas_kernels as pk
 from jax_kvoffload.config.canonical import CanonicalPageMapping, CopyRun, KVTensorView
 from jax_kvoffload.hostmem.internals import StridedCopy, copy_rows, merge_copies
-from jax_kvoffload.transfer._jobs import TransferError
+from jax_kvoffload.transfer._errors import TransferError
 
 
 def layer_view(layout: pk.KVLayout, shape: tuple[int, ...], dtype: np.dtype) -> KVTensorView:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pallas_kernels as pk
 from jax_kvoffload.transfer._engine import GroupCaches
-from jax_kvoffload.transfer._jobs import TransferError
+from jax_kvoffload.transfer._errors import TransferError
 
 _HEAD_AXIS = {pk.PageFormat.NHD: -2, pk.PageFormat.HND: -3}
 

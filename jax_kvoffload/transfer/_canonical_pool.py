@@ -23,7 +23,7 @@ from jax_kvoffload.transfer._canonical import (
     plan_for_group,
 )
 from jax_kvoffload.transfer._engine import GroupCaches
-from jax_kvoffload.transfer._jobs import TransferError
+from jax_kvoffload.transfer._errors import TransferError
 
 logger = logging.getLogger(__name__)
 

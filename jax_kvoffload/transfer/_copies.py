@@ -1,6 +1,6 @@
 """The transfer engine's data path: device caches <-> staging <-> host chunk rows.
 
-`TransferEngine` (_engine.py) keeps the jobs, their order and their results; this holds
+`TransferEngine` (_engine.py, over the job core) keeps the jobs; this holds
 what moves a job's bytes: the store's gathers and row writes, the load's row reads,
 H2D copies and scatters, and the reused host buffers of load staging. Which thread runs
 each step is the engine's contract (its module docstring): gathers and scatters run on
@@ -19,11 +19,10 @@ import pallas_kernels as pk
 from jax_kvoffload.hostmem import HostPool
 from jax_kvoffload.transfer._buckets import store_pieces
 from jax_kvoffload.transfer._caches import GroupCaches
-from jax_kvoffload.transfer._checks import CheckedTransfer
 from jax_kvoffload.transfer._interrupts import deferred_interrupts
-from jax_kvoffload.transfer._jobs import EngineJob
+from jax_kvoffload.transfer._job_checks import CheckedTransfer
 from jax_kvoffload.transfer._sharded_io import distinct_shards, fetch_sharded
-from jax_kvoffload.transfer._staging import HostBuffers, bucket_for, host_sharding, replicated
+from jax_kvoffload.transfer._staging import HostBuffers, bucket_for, replicated, to_host
 
 # One load piece to fetch: (group, block ids, transfer, first slot, staging shape).
 LoadPlan = list[tuple[int, np.ndarray, CheckedTransfer, int, tuple[int, ...]]]
@@ -31,6 +30,18 @@ LoadPlan = list[tuple[int, np.ndarray, CheckedTransfer, int, tuple[int, ...]]]
 LoadPieces = list[tuple[int, np.ndarray, Any, list[np.ndarray]]]
 # One gathered store piece: (group, transfer, first slot, host array).
 StorePieces = list[tuple[int, CheckedTransfer, int, Any]]
+
+
+class FetchedLoad:
+    """A load's pieces on the devices: filled by the worker thread (`fetch`), scattered
+    in order on the caller's thread (`scatter`). `applied` survives an interrupt between
+    two pieces, so the next completion resumes where it stopped."""
+
+    __slots__ = ("applied", "pieces")
+
+    def __init__(self) -> None:
+        self.pieces: LoadPieces = []
+        self.applied = 0
 
 
 class StagedCopies:
@@ -69,10 +80,7 @@ class StagedCopies:
             for start, n in self._store_pieces(t):
                 ids = t.block_ids[start : start + n].astype(np.int32)
                 staging = pk.gather_blocks(gc.arrays, ids, layout=gc.layout, **self._kernel_kw)
-                # On CPU the device array already is host memory: numpy reads it in
-                # place, and a device_put would only add a copy.
-                sharding = None if self._on_cpu[t.group] else host_sharding(staging)
-                host = staging if sharding is None else jax.device_put(staging, sharding)
+                host = to_host(staging, self._on_cpu[t.group])
                 staged.append((t.group, t, t.first_slot + start, host))
         return staged
 
@@ -106,8 +114,9 @@ class StagedCopies:
                 plan.append((t.group, ids, t, t.first_slot + start, (n, *shape)))
         return plan
 
-    def fetch(self, plan: LoadPlan, pieces: LoadPieces) -> None:
+    def fetch(self, plan: LoadPlan, load: FetchedLoad) -> None:
         """Reads a load's rows onto the devices, appending each piece (worker thread)."""
+        pieces = load.pieces
         for group, ids, t, first, shape in plan:
             staged, buffers = self._fetch_piece(group, t, first, shape)
             if not self._on_cpu[group]:
@@ -140,12 +149,12 @@ class StagedCopies:
         device = sharding or replicated(gc.arrays[0].sharding)
         return jax.block_until_ready(jax.device_put(host, device)), [rows]
 
-    def scatter(self, job: EngineJob) -> Exception | None:
+    def scatter(self, load: FetchedLoad) -> Exception | None:
         """Scatters a load's fetched pieces into the caches (caller's thread), resuming
-        at `job.applied`; returns the failure, if any, instead of raising it."""
+        at `load.applied`; returns the failure, if any, instead of raising it."""
         try:
-            while job.applied < len(job.pieces):
-                group, ids, staging, buffers = job.pieces[job.applied]
+            while load.applied < len(load.pieces):
+                group, ids, staging, buffers = load.pieces[load.applied]
                 gc = self._caches[group]
                 # The scatter donates the old arrays: its result must be kept whatever
                 # arrives in between, or the group's caches are gone.
@@ -153,7 +162,7 @@ class StagedCopies:
                     gc.arrays = pk.scatter_blocks(
                         gc.arrays, ids, staging, layout=gc.layout, **self._kernel_kw
                     )
-                    job.applied += 1
+                    load.applied += 1
                 if buffers:
                     # On CPU the staging aliased the buffers (zero-copy device_put):
                     # reuse them only once the scatter has read them.

@@ -13,18 +13,18 @@ one direction is FIFO, like vLLM's handlers. Across directions, a job never touc
 host row that an earlier job of the other direction still reads or writes: it waits for
 that job first (after a reset, a new store may be handed the row an old load still
 reads). The life cycle, interrupts and the locking contract: docs/architecture.md.
-This module keeps the jobs, their order and their results; the copies themselves
-(gathers, row reads and writes, scatters, staging buffers) are in _copies.py.
+The jobs, their order, timing and results are the job core's (_job_core.py, shared
+with the vLLM bridge's torch worker); the copies themselves (gathers, row reads and
+writes, scatters, staging buffers) are in _copies.py. This module checks the calls and
+ties the two together.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
-from concurrent.futures import wait as wait_futures
+from concurrent.futures import Future
 from typing import Any
 
 import jax
@@ -39,24 +39,21 @@ from jax_kvoffload.transfer._caches import (
     check_arrays,
     check_group_caches,
 )
-from jax_kvoffload.transfer._checks import (
+from jax_kvoffload.transfer._copies import FetchedLoad, StagedCopies
+from jax_kvoffload.transfer._errors import TransferError, TransferStateError
+from jax_kvoffload.transfer._interrupts import SingleCaller
+from jax_kvoffload.transfer._job_checks import (
     CheckedTransfer,
     check_job_ids,
     check_pool,
     check_transfer,
-    describe_error,
 )
-from jax_kvoffload.transfer._copies import LoadPieces, StagedCopies
-from jax_kvoffload.transfer._interrupts import SingleCaller, deferred_interrupts
-from jax_kvoffload.transfer._jobs import (
-    DISCARDED,
+from jax_kvoffload.transfer._job_core import EngineJob, JobCore, JobError
+from jax_kvoffload.transfer._job_types import (
     Direction,
-    EngineJob,
     GroupTransfer,
-    TransferError,
     TransferResult,
-    TransferStateError,
-    run_job,
+    describe_error,
 )
 
 __all__ = ["GroupCaches", "TransferEngine"]
@@ -132,13 +129,12 @@ class TransferEngine:
         kernel_kw = {"backend": backend, "interpret": interpret, "config": config}
         self._copies = StagedCopies(self._caches, pool, kernel_kw, max_bucket, max_staging_bytes)
         self._guard = SingleCaller("TransferEngine", TransferStateError)
-        self._threads = {
-            d: ThreadPoolExecutor(1, thread_name_prefix=f"kv-{d.value}") for d in Direction
-        }
-        self._pending: dict[Any, EngineJob] = {}  # in flight, by submission
-        self._done: dict[int, TransferResult] = {}  # ended, not yet collected
-        self._closing = False
-        self._closed = False
+        self._jobs: JobCore[TransferResult] = JobCore(
+            {d.value: d for d in Direction},
+            self._result,
+            finish=self._finish,
+            release=self._release,
+        )
 
     # -- public API -----------------------------------------------------------------
 
@@ -173,10 +169,10 @@ class TransferEngine:
             try:
                 staged = self._copies.gather(checked)
             except Exception as exc:  # e.g. device memory exhausted: the job fails, reported
-                self._register_failed(job_id, Direction.STORE, exc, size)
+                self._jobs.fail(job_id, "store", exc, size)
                 return
             write = functools.partial(self._copies.write, staged)
-            self._register(job_id, Direction.STORE, write, size, chunks)
+            self._jobs.submit(job_id, "store", write, size, rows=chunks)
 
     def submit_load(
         self,
@@ -196,8 +192,8 @@ class TransferEngine:
             plan = self._copies.load_plan(checked)
             size = sum(len(t.block_ids) * self._caches[t.group].block_bytes for t in checked)
             chunks = frozenset(c for t in checked for c in t.chunk_ids)
-            pieces: LoadPieces = []
-            fetch = functools.partial(self._copies.fetch, plan, pieces)
+            load = FetchedLoad()
+            fetch = functools.partial(self._copies.fetch, plan, load)
             work = fetch
             if check is not None:
 
@@ -205,32 +201,23 @@ class TransferEngine:
                     check()
                     fetch()
 
-            self._register(job_id, Direction.LOAD, work, size, chunks, pieces, after)
+            self._jobs.submit(job_id, "load", work, size, rows=chunks, after=after, payload=load)
 
     def get_finished(self) -> list[TransferResult]:
         """Results of the jobs that ended since the last call; never blocks."""
         with self._guard:
-            for job in [j for j in self._pending.values() if j.future.done()]:
-                self._complete(job)
-            out = list(self._done.values())
-            self._done.clear()
-            return out
+            return self._jobs.collect()
 
     def has_finished(self) -> bool:
         """Whether `get_finished` would return anything now (cheap; never blocks)."""
         with self._guard:
-            return bool(self._done) or any(j.future.done() for j in self._pending.values())
+            return self._jobs.has_finished()
 
     def join(self, job_ids: Iterable[int] | None = None) -> None:
         """Blocks until the transfers of the given jobs (default: all) ended, without
         collecting them (`get_finished` / `wait` then return at once). Interruptible."""
         with self._guard:
-            if job_ids is None:
-                futures = [j.future for j in self._pending.values()]
-            else:
-                ids = self._check_ids(job_ids)
-                futures = [self._pending[i].future for i in ids if i in self._pending]
-            wait_futures(futures)
+            self._jobs.join(None if job_ids is None else self._check_ids(job_ids))
 
     def wait(self, job_ids: Iterable[int]) -> list[TransferResult]:
         """Blocks until the given jobs end; returns their results (in the given order).
@@ -239,37 +226,28 @@ class TransferEngine:
         otherwise `TransferError` is raised before anything is collected or waited for.
         """
         with self._guard:
-            ids = self._check_ids(job_ids)
-            wait_futures([self._pending[i].future for i in ids if i in self._pending])
-            for i in ids:
-                job = self._pending.get(i)
-                if job is not None:
-                    self._complete(job)
-            return [self._done.pop(i) for i in ids]
+            return self._jobs.wait(self._check_ids(job_ids))
 
     def knows(self, job_id: int) -> bool:
         """Whether `job_id` is a job that will be (or can now be) reported."""
         with self._guard:
-            return job_id in self._pending or job_id in self._done
+            return self._jobs.knows(job_id)
 
     def discard(self, job_id: int) -> None:
         """Gives up a job in flight: it ends as failed, a load never writes its blocks,
         and a store that has not started yet never runs. It is still reported once."""
         with self._guard:
-            job = self._pending.get(check_index("job_id", job_id))
-            if job is None:
+            if not self._jobs.discard(check_index("job_id", job_id)):
                 raise TransferError(f"job {job_id} is not in flight")
-            job.discarded = True
-            job.future.cancel()
 
     @property
     def in_flight(self) -> int:
         """Jobs whose transfer or completion is outstanding."""
-        return len(self._pending)
+        return self._jobs.num_in_flight
 
     @property
     def closed(self) -> bool:
-        return self._closed
+        return self._jobs.closed
 
     def close(self) -> None:
         """Waits for every job in flight, completes it, then stops the worker threads.
@@ -278,15 +256,7 @@ class TransferEngine:
         Idempotent; if interrupted while waiting, call it again.
         """
         with self._guard:
-            if self._closed:
-                return
-            self._closing = True  # refuse new jobs from now on
-            wait_futures([j.future for j in self._pending.values()])
-            for job in list(self._pending.values()):
-                self._complete(job)
-            for pool in self._threads.values():
-                pool.shutdown(wait=True)
-            self._closed = True
+            self._jobs.close()
 
     def __enter__(self) -> TransferEngine:
         return self
@@ -305,10 +275,10 @@ class TransferEngine:
     def _check(
         self, job_id: object, transfers: object, unique: bool = False
     ) -> list[CheckedTransfer]:
-        if self._closing:
+        if self._jobs.closing:
             raise TransferStateError("the transfer engine is closed; build a new one")
         job_id = check_index("job_id", job_id)
-        if job_id in self._pending or job_id in self._done:
+        if self._jobs.knows(job_id):
             raise TransferError(f"job id {job_id} is already in use")
         if not isinstance(transfers, (list, tuple)):
             raise KVOffloadTypeError(
@@ -320,93 +290,34 @@ class TransferEngine:
         return check_transfer(i, t, self._caches, self._pool, unique)
 
     def _check_ids(self, job_ids: object) -> list[int]:
-        return check_job_ids(job_ids, lambda i: i in self._pending or i in self._done)
+        return check_job_ids(job_ids, self._jobs.knows)
 
-    def _register(
-        self,
-        job_id: int,
-        direction: Direction,
-        work: Callable[[], None],
-        size: int,
-        chunks: frozenset[int],
-        pieces: list | None = None,
-        waits: Sequence[Future] = (),
-    ) -> None:
-        """Queues a job's worker part; the job is registered iff this returns."""
-        after = [
-            j.future
-            for j in self._pending.values()
-            if j.direction is not direction and not chunks.isdisjoint(j.chunks)
-        ]
-        after += waits
-        future: Future = Future()
-        job = EngineJob(
-            job_id,
-            direction,
-            future,
-            time.perf_counter(),
-            size,
-            chunks,
-            pieces if pieces is not None else [],
-        )
-        future.add_done_callback(job.end.mark)  # no reference to the job: no cycle
-        with deferred_interrupts():
-            self._pending[job_id] = job
-            try:
-                self._threads[direction].submit(run_job, future, after, work)
-            except BaseException as exc:
-                if not future.cancel():
-                    raise  # it runs already: it stays in flight and is reported (`knows`)
-                if not isinstance(exc, Exception):
-                    del self._pending[job_id]  # interrupted: nothing was queued
-                    raise
-                # e.g. no thread could start: the job is accepted and ends as failed
-                job.future = Future()
-                job.future.set_exception(exc)
+    # -- internals: completing (caller's thread, called by the job core) ----------------
 
-    def _register_failed(self, job_id: int, direction: Direction, error: Exception, size: int):
-        future: Future = Future()
-        future.set_exception(error)
-        self._pending[job_id] = EngineJob(
-            job_id, direction, future, time.perf_counter(), size, frozenset()
-        )
+    def _finish(self, job: EngineJob) -> Exception | None:
+        """Scatters a load's fetched pieces. An interrupt inside a scatter leaves the job
+        in flight with its progress kept; the next completion resumes it."""
+        if job.direction is Direction.LOAD:
+            return self._copies.scatter(job.payload)
+        return None
 
-    # -- internals: completing (caller's thread) --------------------------------------
+    @staticmethod
+    def _release(job: EngineJob) -> None:
+        # Free a load's staging (job-sized) now, even if a traceback holds its pieces.
+        if job.payload is not None:
+            job.payload.pieces.clear()
 
-    def _complete(self, job: EngineJob) -> None:
-        """Ends a job whose worker part is done: scatters a load, records the result.
-
-        An interrupt inside a scatter leaves the job in flight with its progress kept;
-        the next completion resumes it. Other failures end the job as failed.
-        """
-        error: BaseException | str | None
-        if job.discarded:
-            error = DISCARDED
-        elif job.future.cancelled():
-            error = "cancelled before it started"
-        else:
-            error = job.future.exception()
-        scatter_started = time.perf_counter()
-        if error is None and job.direction is Direction.LOAD:
-            error = self._copies.scatter(job)
-        # The job's own time: its worker part, then a load's scatter; not the time it
-        # waited for the caller to collect it (vLLM times the copies themselves).
-        now = time.perf_counter()
-        ended = now if job.ended is None else job.ended + (now - scatter_started)
+    @staticmethod
+    def _result(job: EngineJob, error: JobError, seconds: float) -> TransferResult:
         if error is not None and not job.discarded:
             logger.warning(
                 "transfer job %d (%s) failed: %r", job.job_id, job.direction.value, error
             )
-        result = TransferResult(
+        return TransferResult(
             job_id=job.job_id,
             direction=job.direction,
             success=error is None,
             size_bytes=job.size_bytes,
-            seconds=ended - job.started,
+            seconds=seconds,
             error=describe_error(error),
         )
-        with deferred_interrupts():
-            del self._pending[job.job_id]
-            self._done[job.job_id] = result
-            # Free a load's staging (job-sized) now, even if a traceback holds the list.
-            job.pieces.clear()

@@ -1,4 +1,5 @@
-"""Staging helpers of the transfer engine: host shardings, bucket sizes, reused buffers."""
+"""Staging helpers of both worker engines: host copies of staging, bucket sizes, reused
+buffers (the JAX engine's _copies.py and the vLLM bridge's torch worker)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,15 @@ def host_sharding(staging: jax.Array) -> Any:
         if kind in kinds:
             return staging.sharding.with_memory_kind(kind)
     return None
+
+
+def to_host(staging: jax.Array, on_cpu: bool) -> Any:
+    """A store's staging on its way to host memory: `device_put` into pinned host memory
+    where the platform has it (asynchronous; read it with `np.asarray`). On CPU
+    (`on_cpu`) the device array already is host memory: numpy reads it in place, and a
+    `device_put` would only add a copy; so does a platform without host memory kinds."""
+    sharding = None if on_cpu else host_sharding(staging)
+    return staging if sharding is None else jax.device_put(staging, sharding)
 
 
 def bucket_for(block_bytes: int, max_bucket: int, max_staging_bytes: int) -> int:

@@ -70,3 +70,32 @@ def test_an_interrupted_shutdown_still_waits_for_running_jobs(monkeypatch):
     w.shutdown()
     assert events == ["job done", "on_shutdown"]
     assert [(r.job_id, r.success) for r in w.get_finished()] == [(7, True)]
+
+
+@pytest.mark.skipif(
+    threading.current_thread() is not threading.main_thread(), reason="needs the main thread"
+)
+def test_a_sigint_just_after_a_job_was_queued_loses_no_job(monkeypatch):
+    # A real SIGINT right after the worker thread took the job: the job must be recorded
+    # before the interrupt is delivered, or it runs and is never reported (it was: the
+    # record was made after the thread pool's submit returned).
+    from concurrent.futures import ThreadPoolExecutor
+
+    submit = ThreadPoolExecutor.submit
+
+    def submit_then_sigint(self, *args, **kwargs):
+        future = submit(self, *args, **kwargs)
+        signal.raise_signal(signal.SIGINT)
+        return future
+
+    w = worker()
+    try:
+        monkeypatch.setattr(ThreadPoolExecutor, "submit", submit_then_sigint)
+        with pytest.raises(KeyboardInterrupt):
+            w.submit_store(7, spec([1], [1], [0]), spec([2]))
+        monkeypatch.undo()
+        w.wait([7])
+        assert [(r.job_id, r.success) for r in w.get_finished()] == [(7, True)]
+    finally:
+        monkeypatch.undo()
+        w.shutdown()

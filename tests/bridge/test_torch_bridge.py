@@ -317,7 +317,7 @@ def test_worker_reports_job_sizes_like_vllm_and_refuses_bad_specs():
         with pytest.raises(JobSpecError, match="more than once"):
             worker.submit_load(2, spec([0]), spec([3, 3], [2], [0]))
         gate = threading.Event()
-        worker._threads["store"].submit(gate.wait)  # hold the store thread
+        worker._core._threads["store"].submit(gate.wait)  # hold the store thread
         worker.submit_store(2, spec([1], [1], [0]), spec([0]))
         with pytest.raises(JobSpecError, match="already in flight"):
             worker.submit_store(2, spec([1], [1], [0]), spec([1]))

@@ -276,7 +276,7 @@ def test_ended_jobs_are_freed_without_the_cyclic_collector():
     collector ran; several dead 512 MiB loads halved the load speed on CPU."""
     import gc
 
-    from jax_kvoffload.transfer._jobs import EngineJob
+    from jax_kvoffload.transfer._job_core import EngineJob
 
     layout, shape = LAYOUTS["kv_second"]
     engine, _ = make_engine(layout, shape, jnp.uint16, max_bucket=2)

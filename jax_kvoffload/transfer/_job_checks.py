@@ -16,7 +16,8 @@ from jax_kvoffload.errors import KVOffloadTypeError
 from jax_kvoffload.hostmem import HostPool
 from jax_kvoffload.hostmem.internals import check_index, check_indices
 from jax_kvoffload.transfer._caches import GroupCaches
-from jax_kvoffload.transfer._jobs import GroupTransfer, TransferError, TransferStateError
+from jax_kvoffload.transfer._errors import TransferError, TransferStateError
+from jax_kvoffload.transfer._job_types import GroupTransfer
 
 
 @dataclass(frozen=True)
@@ -87,12 +88,6 @@ def check_job_ids(job_ids: object, known: Callable[[int], bool]) -> list[int]:
             "in flight once"
         )
     return ids
-
-
-def describe_error(error: BaseException | str | None) -> str | None:
-    if error is None or isinstance(error, str):
-        return error
-    return f"{type(error).__name__}: {error}"
 
 
 def check_pool(pool: object) -> None:
