@@ -3,7 +3,7 @@
 - No package imports another package's private `_modules` (each package exports what
   others use, semi-public parts from its `internals` module).
 - `pallas_kernels` is standalone: it imports nothing of `jax_kvoffload`.
-- One-way layers: config and the helpers (`_log_once`, `_threads`) at the bottom;
+- One-way layers: config and the helpers (`_interrupts`, `_log_once`, `_threads`) at the bottom;
   errors and stats above config; store, tiers and hostmem above those and independent
   of each other; transfer above hostmem (it moves bytes into hostmem's pools) and
   independent of store and tiers; assembly above them; the offloader package above
@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # Helpers every package but config may import: they import nothing of ours (warning
 # once per kind of event; starting threads and saying when the process is out of them).
-HELPERS = {"_log_once", "_threads"}
+HELPERS = {"_interrupts", "_log_once", "_threads"}
 # package -> the jax_kvoffload packages (and pallas_kernels) it may import.
 LOWER = {
     "config": set(),

@@ -30,13 +30,13 @@ from concurrent.futures import Future
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
 
+from jax_kvoffload._interrupts import deferred_interrupts
 from jax_kvoffload._log_once import log_once
 from jax_kvoffload.errors import KVOffloadStateError
 from jax_kvoffload.hostmem import HostPool
 from jax_kvoffload.offloader._tier_stats import TierCounts
 from jax_kvoffload.store import HostStore, LookupResult
 from jax_kvoffload.tiers import SecondaryTier, TierBufferSizeError, TierJobResult
-from jax_kvoffload.transfer.internals import deferred_interrupts
 
 __all__ = ["PromotionMissError", "TierPath", "prefix_chunks"]
 

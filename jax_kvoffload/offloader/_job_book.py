@@ -15,6 +15,7 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from jax_kvoffload._interrupts import deferred_interrupts
 from jax_kvoffload.errors import KVOffloadTypeError
 from jax_kvoffload.hostmem.internals import check_index
 from jax_kvoffload.offloader._accounting import OffloaderAccounting
@@ -22,7 +23,6 @@ from jax_kvoffload.offloader._cascade import TierPath
 from jax_kvoffload.offloader._checks import OffloaderError
 from jax_kvoffload.store import HostStore
 from jax_kvoffload.transfer import Direction, TransferEngine, TransferResult
-from jax_kvoffload.transfer.internals import deferred_interrupts
 
 __all__ = ["Job", "JobBook"]
 

@@ -30,6 +30,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from jax_kvoffload._interrupts import SingleCaller, deferred_interrupts
 from jax_kvoffload.assembly import engine_pages
 from jax_kvoffload.config import OffloadingConfig
 from jax_kvoffload.errors import KVOffloadStateError
@@ -59,11 +60,7 @@ from jax_kvoffload.transfer import (
     TransferEngine,
     TransferResult,
 )
-from jax_kvoffload.transfer.internals import (
-    SingleCaller,
-    check_distinct,
-    deferred_interrupts,
-)
+from jax_kvoffload.transfer.internals import check_distinct
 
 __all__ = ["KVOffloader", "OffloaderError", "OffloaderStateError"]
 

@@ -16,10 +16,10 @@ import jax
 import numpy as np
 
 import pallas_kernels as pk
+from jax_kvoffload._interrupts import deferred_interrupts
 from jax_kvoffload.hostmem import HostPool
 from jax_kvoffload.transfer._buckets import store_pieces
 from jax_kvoffload.transfer._caches import GroupCaches
-from jax_kvoffload.transfer._interrupts import deferred_interrupts
 from jax_kvoffload.transfer._job_checks import CheckedTransfer
 from jax_kvoffload.transfer._sharded_io import distinct_shards, fetch_sharded
 from jax_kvoffload.transfer._staging import HostBuffers, bucket_for, replicated, to_host

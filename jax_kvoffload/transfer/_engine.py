@@ -30,6 +30,7 @@ from typing import Any
 import jax
 
 import pallas_kernels as pk
+from jax_kvoffload._interrupts import SingleCaller
 from jax_kvoffload.errors import KVOffloadTypeError
 from jax_kvoffload.hostmem import HostPool
 from jax_kvoffload.hostmem.internals import check_index
@@ -41,7 +42,6 @@ from jax_kvoffload.transfer._caches import (
 )
 from jax_kvoffload.transfer._copies import FetchedLoad, StagedCopies
 from jax_kvoffload.transfer._errors import TransferError, TransferStateError
-from jax_kvoffload.transfer._interrupts import SingleCaller
 from jax_kvoffload.transfer._job_checks import (
     CheckedTransfer,
     check_job_ids,

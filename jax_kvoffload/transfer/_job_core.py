@@ -43,7 +43,7 @@ from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
-from jax_kvoffload.transfer._interrupts import deferred_interrupts
+from jax_kvoffload._interrupts import deferred_interrupts
 from jax_kvoffload.transfer._job_types import Direction
 
 __all__ = ["DISCARDED", "EngineJob", "JobCore", "JobError", "Tally"]
