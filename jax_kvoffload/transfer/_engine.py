@@ -295,8 +295,9 @@ class TransferEngine:
     # -- internals: completing (caller's thread, called by the job core) ----------------
 
     def _finish(self, job: EngineJob) -> Exception | None:
-        """Scatters a load's fetched pieces. An interrupt inside a scatter leaves the job
-        in flight with its progress kept; the next completion resumes it."""
+        """Scatters a load's fetched pieces (SIGINT held: the job core's completion step).
+        A `BaseException` out of a scatter leaves the job in flight with its progress
+        kept; the next completion resumes it."""
         if job.direction is Direction.LOAD:
             return self._copies.scatter(job.payload)
         return None
