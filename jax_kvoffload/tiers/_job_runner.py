@@ -222,7 +222,7 @@ class JobRunner:
             oks, moved, *error = result
             if len(oks) != stop - start or len(error) > 1:  # a bug in the tier, not I/O
                 raise AssertionError(f"task returned {len(oks)} results for {stop - start}")
-        except BaseException:
+        except BaseException:  # any failure of a task (a bug too): its keys failed
             logger.exception("tier %s task failed; its %d keys failed", job.kind, stop - start)
             self._counters.add(errors=1)
             oks, moved, error = [False] * (stop - start), 0, []

@@ -233,7 +233,7 @@ class JobCore(Generic[R]):
             self._pending[job_id] = job
             try:
                 self._threads[lane].submit(run_job, future, job.end, waits, work)
-            except BaseException as exc:
+            except BaseException as exc:  # on any exit: queued and registered, or neither
                 if not future.cancel():
                     raise  # it runs already: it stays in flight and is reported (`knows`)
                 if not isinstance(exc, Exception):
