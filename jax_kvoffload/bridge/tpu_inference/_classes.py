@@ -134,6 +134,12 @@ def build_classes() -> dict[str, type]:
         def update_connector_output(self, connector_output: Any) -> None:
             self.connector_scheduler.update_connector_output(connector_output)
 
+        def flush_tiers(self, timeout: float | None = None) -> bool:
+            """Waits until every cascade and promotion in flight reached its tier (e.g.
+            before the process exits); False on timeout, True at once without tiers."""
+            path = self.hub.tier_path()
+            return True if path is None else path.wait(timeout=timeout)
+
         def take_events(self) -> Any:
             """The store's KV events (vLLM's `KVConnectorBase_V1.take_events`)."""
             store = self.hub.store
