@@ -6,23 +6,20 @@ Layers of one page shape form one of our groups (their worker groups them the sa
 way, `_group_layers_by_shape`: by `shape[2:]`, sorted by its text), so a hybrid model
 with two head counts has two groups, and a chunk id addresses one row in each.
 
-Layout: `pallas_kernels`' RPA layout (`KVLayout.rpa()`) where it exists: the arrays
-are moved as they are. Before it, each array is viewed as NHD
-`(num_blocks, block_size, rows, packing * head_dim)` by a donated reshape (same bytes,
-same sharding on the first three axes) and reshaped back after each operation.
+Layout: `pallas_kernels`' RPA layout (`KVLayout.rpa()`): the arrays are moved as they
+are, bit-exact, padding included, sharded as theirs (`P(data, None, model)`, or the
+block axis over `attn_dp` too); our staging entry is, byte for byte, their chunk
+`(1, layers, block_size, rows, packing, head_dim)`.
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import jax
 import numpy as np
-from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
 
 import pallas_kernels as pk
 from jax_kvoffload.bridge.tpu_inference._errors import TPUConnectorConfigError
@@ -38,56 +35,29 @@ from jax_kvoffload.config import (
     build_offloading_config,
 )
 
-__all__ = ["LayerGroups", "group_layers", "namespace_config", "rpa_layout"]
+__all__ = ["LayerGroups", "group_layers", "namespace_config"]
 
 RPA_RANK = 5
-
-
-def rpa_layout() -> pk.KVLayout | None:
-    """`pallas_kernels`' named RPA v3 layout, or None where this version lacks it."""
-    make = getattr(pk.KVLayout, "rpa", None)
-    return None if make is None else make()
-
-
-@functools.partial(jax.jit, static_argnums=(1, 2), donate_argnums=0)
-def _reshape(arrays: list[jax.Array], shape: tuple[int, ...], sharding: Any) -> list[jax.Array]:
-    return [jax.lax.with_sharding_constraint(a.reshape(shape), sharding) for a in arrays]
+RPA = pk.KVLayout.rpa()
 
 
 @dataclass(frozen=True)
 class LayerGroups:
-    """Layer indices per group (group g: `layers[g]`), their shape and our layout."""
+    """Layer indices per group (group g: `layers[g]`) and their shapes."""
 
     layers: tuple[tuple[int, ...], ...]
     shapes: tuple[tuple[int, ...], ...]
-    layout: pk.KVLayout
-    viewed: bool  # arrays go through the NHD view (no RPA layout in pallas_kernels)
 
-    def view(self, caches: Sequence[jax.Array], g: int) -> list[jax.Array]:
-        """Group g's arrays in our layout (donated when viewed: read them back with
-        `unview`)."""
-        arrays = [caches[i] for i in self.layers[g]]
-        if not self.viewed:
-            return arrays
-        b, bs, rows, packing, dim = self.shapes[g]
-        return _reshape(arrays, (b, bs, rows, packing * dim), _view_sharding(arrays[0], 4))
+    @property
+    def layout(self) -> pk.KVLayout:
+        return RPA
 
-    def unview(self, arrays: Sequence[jax.Array], g: int) -> list[jax.Array]:
-        if not self.viewed:
-            return list(arrays)
-        return _reshape(list(arrays), self.shapes[g], _view_sharding(arrays[0], RPA_RANK))
+    def arrays(self, caches: Sequence[jax.Array], g: int) -> list[jax.Array]:
+        return [caches[i] for i in self.layers[g]]
 
     def write_back(self, caches: list[jax.Array], g: int, arrays: Sequence[jax.Array]) -> None:
-        for i, a in zip(self.layers[g], self.unview(arrays, g), strict=True):
+        for i, a in zip(self.layers[g], arrays, strict=True):
             caches[i] = a
-
-
-def _view_sharding(array: jax.Array, rank: int) -> Any:
-    sharding = array.sharding
-    if not isinstance(sharding, NamedSharding):
-        return sharding
-    spec = tuple(sharding.spec)[:3]  # blocks, tokens, rows: what the RPA layout shards
-    return NamedSharding(sharding.mesh, P(*spec, *([None] * (rank - len(spec)))))
 
 
 def group_layers(caches: Sequence[jax.Array]) -> LayerGroups:
@@ -111,13 +81,7 @@ def group_layers(caches: Sequence[jax.Array]) -> LayerGroups:
     order = sorted(by_shape, key=str)
     first = tuple(int(d) for d in caches[0].shape)
     shapes = tuple((first[0], first[1], *s) for s in order)
-    layout = rpa_layout()
-    return LayerGroups(
-        layers=tuple(tuple(by_shape[s]) for s in order),
-        shapes=shapes,
-        layout=layout if layout is not None else pk.KVLayout.nhd(),
-        viewed=layout is None,
-    )
+    return LayerGroups(layers=tuple(tuple(by_shape[s]) for s in order), shapes=shapes)
 
 
 def namespace_config(

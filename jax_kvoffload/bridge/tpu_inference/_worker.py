@@ -82,8 +82,10 @@ class StoreWorker:
                 f"the model's layers have {len(groups.layers)} page shapes; secondary tiers "
                 "serve one (drop secondary_tiers for hybrid models)",
             )
-        views = {g: groups.view(caches, g) for g in range(len(groups.layers))}
-        gcs = {g: GroupCaches(a, groups.layout) for g, a in views.items()}
+        gcs = {
+            g: GroupCaches(groups.arrays(caches, g), groups.layout)
+            for g in range(len(groups.layers))
+        }
         pool, _ = build_host_pool(
             self._hub.num_chunks,
             {g: gc.block_bytes for g, gc in gcs.items()},
@@ -91,9 +93,6 @@ class StoreWorker:
             kind=host.host_pool,
         )
         engine = TransferEngine(gcs, pool)
-        for g, arrays in views.items():
-            groups.write_back(caches, g, arrays)
-        runner.kv_caches = caches
         tiers: tuple = ()
         if host.secondary_tiers:
             shape = groups.shapes[0]
@@ -127,7 +126,7 @@ class StoreWorker:
         engine, groups = self._engine_and_groups()
         caches = list(self._runner.kv_caches)
         for g in range(len(groups.layers)):
-            engine.set_arrays(g, groups.view(caches, g))
+            engine.set_arrays(g, groups.arrays(caches, g))
         return caches
 
     def _sync_out(self, caches: list[Any]) -> None:
