@@ -98,6 +98,7 @@ class MooncakeTierConfig(TierOptions):
         for stores; loads never queue behind stores.
       batch_bytes: payload bytes of one batch call (one job spreads over the threads).
       max_pending_store_bytes: store bytes queued before new stores are dropped.
+      connect_timeout_s: how long opening the tier waits for the master to answer.
       retry_after_s: after the master does not answer, misses and dropped stores for
         this long (doubling up to 30 s while it stays down) instead of waiting on it.
       max_entry_bytes: the largest entry a load reads whole to tell a wrong-length
@@ -123,6 +124,7 @@ class MooncakeTierConfig(TierOptions):
     write_threads: int = 2
     batch_bytes: int = 16 << 20
     max_pending_store_bytes: int = 256 << 20
+    connect_timeout_s: float = 2.0
     retry_after_s: float = 1.0
     max_entry_bytes: int = 1 << 30
 
@@ -162,7 +164,8 @@ class MooncakeTierConfig(TierOptions):
             set_checked(self, key, check_int(w, key, getattr(self, key), minimum=low, maximum=high))
         for key in ("batch_bytes", "max_pending_store_bytes", "max_entry_bytes"):
             set_checked(self, key, check_size(w, key, getattr(self, key)))
-        set_checked(self, "retry_after_s", check_seconds(w, "retry_after_s", self.retry_after_s))
+        for key in ("connect_timeout_s", "retry_after_s"):
+            set_checked(self, key, check_seconds(w, key, getattr(self, key)))
         k = self.key_prefix
         if not isinstance(k, str) or not k or not k.isascii() or not k.isprintable() or " " in k:
             raise TierConfigError(

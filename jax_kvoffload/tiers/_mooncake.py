@@ -97,6 +97,8 @@ class MooncakeTier(SecondaryTier):
         warn_if_slow()
         cls = mc.import_store()
         self._where = config.master_server_address
+        # Mooncake's setup waits 90 s for a master that does not answer: ask first.
+        mc.probe(config.master_address, config.connect_timeout_s, "master_server_address")
         self._store = cls()
         rc = self._store.setup(
             config.local_hostname,

@@ -19,6 +19,7 @@ apart (seen from 0.3.13.post1; `mooncake-store/include/types.h`):
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 import time
 from typing import Any
@@ -37,6 +38,7 @@ __all__ = [
     "address_of",
     "code_name",
     "import_store",
+    "probe",
 ]
 
 logger = logging.getLogger("jax_kvoffload.tiers._mooncake")
@@ -81,6 +83,18 @@ def import_store() -> Any:
             "install libibverbs1 librdmacm1 libnuma1)"
         ) from None
     return MooncakeDistributedStore
+
+
+def probe(address: tuple[str, int], timeout: float, key: str) -> None:
+    """Connects to `address` once (then closes); a typed error if nothing answers."""
+    try:
+        socket.create_connection(address, timeout).close()
+    except OSError as e:
+        host, port = address
+        raise MooncakeUnavailableError(
+            f"MooncakeTierConfig.{key}: nothing answers at {host}:{port} within {timeout:g} s "
+            f"({e}); start mooncake_master there or fix {key}"
+        ) from None
 
 
 def address_of(view: memoryview) -> int:
