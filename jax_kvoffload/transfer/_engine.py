@@ -179,7 +179,7 @@ class TransferEngine:
         job_id: int,
         transfers: Sequence[GroupTransfer],
         *,
-        after: Sequence[Future] = (),
+        after: Sequence[Future[Any]] = (),
         check: Callable[[], None] | None = None,
     ) -> None:
         """Starts copying chunk rows back into the blocks; caches change on completion.
@@ -194,7 +194,7 @@ class TransferEngine:
             chunks = frozenset(c for t in checked for c in t.chunk_ids)
             load = FetchedLoad()
             fetch = functools.partial(self._copies.fetch, plan, load)
-            work = fetch
+            work: Callable[[], None] = fetch
             if check is not None:
 
                 def work() -> None:
