@@ -22,7 +22,7 @@ __all__ = ["HOST_POOLS", "HostTierConfig", "host_tier_config"]
 
 #: Host pool implementations: "numpy" (rows allocated once; a host copy per store) or
 #: "pinned" (the host arrays `jax.device_put` returns are the rows; JAX engines only).
-HOST_POOLS = ("numpy", "pinned")
+HOST_POOLS = ("auto", "numpy", "pinned")
 
 # vLLM's default pause between tier-poll rounds (`tiering/manager.py`).
 DEFAULT_TIER_POLL_INTERVAL_S = 0.001
@@ -46,7 +46,8 @@ class HostTierConfig:
       backpressure: vLLM's top-level default for each tier's backpressure detector
         (used where vLLM's tiering manager drives the tiers), verbatim.
       tier_poll_interval_s: vLLM's pause between tier-poll rounds (its manager's key).
-      host_pool: "numpy" or "pinned" (`HOST_POOLS`; ours, JAX engines).
+      host_pool: "auto" (the default: "pinned" for caches on an accelerator, "numpy"
+        on CPU), "numpy" or "pinned" (`HOST_POOLS`; ours, JAX engines).
     """
 
     cpu_bytes_to_use: int | None = None
@@ -57,7 +58,7 @@ class HostTierConfig:
     secondary_tiers: tuple[TierConfig, ...] = ()
     backpressure: FrozenDict | None = None
     tier_poll_interval_s: float = DEFAULT_TIER_POLL_INTERVAL_S
-    host_pool: str = "numpy"
+    host_pool: str = "auto"
 
     #: Keys vLLM reads only when it builds the manager (`get_manager`), so their errors
     #: surface there too (`JaxOffloadingSpec` defers them).
@@ -153,7 +154,7 @@ def host_tier_config(
         ) from None
     if math.isnan(kw["tier_poll_interval_s"]):
         raise ConfigFieldError(_KEY.format("tier_poll_interval_s"), "must not be NaN")
-    pool = host_pool if host_pool is not None else get("host_pool", "numpy")
+    pool = host_pool if host_pool is not None else get("host_pool", "auto")
     if not isinstance(pool, str):  # (an array's `in` would raise numpy's own error)
         raise ConfigTypeError(
             _KEY.format("host_pool"),

@@ -64,13 +64,16 @@ def build_host_pool(
     *,
     kind: str = "numpy",
     shared: SharedRows | None = None,
+    accelerator: bool = False,
 ) -> tuple[HostPool, SharedHostRegion | None]:
     """A host pool of `num_chunks` chunks of `blocks_per_chunk` blocks, `bytes_per_block[g]`
     bytes per block of group g, and the region it lives in (None: this process's memory).
 
     Args:
       kind: "numpy" (`HostChunkPool`: rows allocated once) or "pinned" (`PinnedRowPool`:
-        the host arrays of the stores are the rows); `HostTierConfig.host_pool`.
+        the host arrays of the stores are the rows), or "auto": "pinned" for caches on
+        an `accelerator` (its D2H copies land in their rows, loads read them as they
+        are: no host copy), else "numpy"; `HostTierConfig.host_pool`.
       shared: the rows live in a `SharedHostRegion` (opened here; close it when the pool
         is no longer used): a `HostChunkPool` over it, or with `shared.row_stride` a
         `ChunkRowPool`. Only "numpy" pools can be shared.
@@ -83,6 +86,8 @@ def build_host_pool(
         )
     if kind not in HOST_POOLS:
         raise HostPoolError(f"kind={kind!r} is not a host pool; use one of {HOST_POOLS}")
+    if kind == "auto":
+        kind = "pinned" if accelerator and shared is None else "numpy"
     if shared is None:
         if kind == "pinned":
             return PinnedRowPool(num_chunks, bytes_per_block, blocks_per_chunk), None

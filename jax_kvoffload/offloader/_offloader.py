@@ -87,8 +87,9 @@ class KVOffloader:
       cpu_bytes_to_use: host budget; defaults to the extra config's `cpu_bytes_to_use`.
       eviction_policy: "lru" or "arc"; defaults to the extra config's, else "lru".
       host_pool: "numpy" (rows allocated once) or "pinned" (the host arrays of the
-        device-to-host copies are the rows: no host copy); default the extra config's
-        `host_pool`, else "numpy".
+        device-to-host copies are the rows: no host copy), or "auto" ("pinned" for
+        caches on an accelerator, else "numpy"); default the extra config's
+        `host_pool`, else "auto".
       tiers: secondary tiers already opened, used instead of the extra config's
         `secondary_tiers` (the caller closes them; the offloader closes those it opens).
       backend, interpret: kernel backend for `pallas_kernels` ("auto" by platform).
