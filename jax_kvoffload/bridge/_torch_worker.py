@@ -408,7 +408,7 @@ class TorchKVWorker:
             staging = pk.gather_blocks(
                 [units.array], ids, layout=pk.KVLayout.raw(), **self._kernel_kw
             )
-            out.append((m, m.first_slot + start, n, to_host(staging, on_cpu)))
+            out.append((m, m.first_slot + start, n, to_host([staging], [on_cpu])[0]))
             start += n
         return out
 

@@ -149,7 +149,9 @@ class KVOffloader:
         self._guard = SingleCaller("KVOffloader", OffloaderStateError)
         tokens = {g.group_id: g.tokens_per_block for g in config.groups}
         tier_counts = None if self._tiers is None else self._tiers.counts.summary
-        self._stats = OffloaderAccounting(self._store, tokens, self._bpc, tier_counts)
+        self._stats = OffloaderAccounting(
+            self._store, tokens, self._bpc, tier_counts, self._pool.host_copies
+        )
         self._jobs = JobBook(self._store, self._engine, self._tiers, self._stats)
         self._closed = False
         self.config = config

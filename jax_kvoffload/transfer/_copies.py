@@ -80,15 +80,16 @@ class StagedCopies:
 
     def gather(self, transfers: list[CheckedTransfer]) -> StorePieces:
         """Dispatches the gathers (and D2H copies) of a store, on the caller's thread."""
-        staged = []  # (group, transfer, first slot, host array)
+        staged = []  # (group, transfer, first slot, device staging)
         for t in transfers:
             gc = self._caches[t.group]
             for start, n in self._store_pieces(t):
                 ids = t.block_ids[start : start + n].astype(np.int32)
                 staging = pk.gather_blocks(gc.arrays, ids, layout=gc.layout, **self._kernel_kw)
-                host = to_host(staging, not self._put_host[t.group])
-                staged.append((t.group, t, t.first_slot + start, host))
-        return staged
+                staged.append((t.group, t, t.first_slot + start, staging))
+        # The D2H copies of every piece in one device_put (one dispatch per job).
+        hosts = to_host([s for *_, s in staged], [not self._put_host[g] for g, *_ in staged])
+        return [(g, t, first, h) for (g, t, first, _), h in zip(staged, hosts, strict=True)]
 
     def _store_pieces(self, t: CheckedTransfer) -> list[tuple[int, int]]:
         per_chunk = self._pool.blocks_per_chunk if self._pool.adopts_rows else None

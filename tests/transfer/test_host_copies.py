@@ -91,3 +91,27 @@ def test_pinned_rows_copy_only_partial_chunks():
     assert engine.wait([3])[0].success
     assert engine_pool_copies(engine) == (block_bytes + BPC * block_bytes + block_bytes, 0)
     engine.close()
+
+
+@pytest.mark.parametrize("pool_cls", [PinnedRowPool, HostChunkPool])
+def test_a_job_is_one_device_put_per_direction(pool_cls, monkeypatch):
+    import jax
+
+    engine, _, _, before = engine_with(pool_cls, max_bucket=2)  # pieces of <= 2 blocks
+    blocks, targets = [3, 9, 1, 14, 6, 0], [2, 4, 5, 7, 8, 10]
+    calls = []
+    real = jax.device_put
+
+    def counted(x, *args, **kw):
+        calls.append(len(x) if isinstance(x, list) else 1)
+        return real(x, *args, **kw)
+
+    monkeypatch.setattr(jax, "device_put", counted)
+    engine.submit_store(1, [GroupTransfer(0, tuple(blocks), (4, 0, 2))])
+    assert engine.wait([1])[0].success
+    assert calls == [3]  # three pieces (one per chunk), one dispatch
+    engine.submit_load(2, [GroupTransfer(0, tuple(targets), (4, 0, 2))])
+    assert engine.wait([2])[0].success
+    assert calls == [3, 3]
+    check_loaded(engine, before, blocks, targets)
+    engine.close()
