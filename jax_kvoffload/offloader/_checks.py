@@ -287,6 +287,9 @@ def assemble(
             enable_events=config.enable_kv_cache_events,
             tiers=None if tiers is None else tuple(tiers),
             pages=engine_pages(caches),
+            accelerator=any(
+                next(iter(gc.arrays[0].devices())).platform != "cpu" for gc in caches.values()
+            ),
         )
     except KVOffloadError:
         raise
