@@ -84,8 +84,9 @@ class KVOffloader:
       cpu_bytes_to_use: host budget; defaults to the extra config's `cpu_bytes_to_use`.
       eviction_policy: "lru" or "arc"; defaults to the extra config's, else "lru".
       host_pool: "numpy" (rows allocated once) or "pinned" (the host arrays of the
-        device-to-host copies are the rows: no host copy); default the extra config's
-        `host_pool`, else "numpy".
+        device-to-host copies are the rows: no host copy), or "auto" ("pinned" for
+        caches on an accelerator, else "numpy"); default the extra config's
+        `host_pool`, else "auto".
       tiers: secondary tiers already opened, used instead of the extra config's
         `secondary_tiers` (the caller closes them; the offloader closes those it opens).
       backend, interpret: kernel backend for `pallas_kernels` ("auto" by platform).
@@ -145,7 +146,9 @@ class KVOffloader:
         self._guard = SingleCaller("KVOffloader", OffloaderStateError)
         tokens = {g.group_id: g.tokens_per_block for g in config.groups}
         tier_counts = None if self._tiers is None else self._tiers.counts.summary
-        self._stats = OffloaderAccounting(self._store, tokens, self._bpc, tier_counts)
+        self._stats = OffloaderAccounting(
+            self._store, tokens, self._bpc, tier_counts, self._pool.host_copies
+        )
         self._jobs = JobBook(self._store, self._engine, self._tiers, self._stats)
         self._closed = False
         self.config = config

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
+from typing import TypeGuard
 
 from ._arc import ARCPolicy
 from ._errors import (
@@ -40,7 +41,7 @@ def policy_names() -> tuple[str, ...]:
     return tuple(_POLICIES)
 
 
-def _is_policy_class(cls: object) -> bool:
+def _is_policy_class(cls: object) -> TypeGuard[type[AbstractEvictionPolicy]]:
     return isinstance(cls, type) and issubclass(cls, AbstractEvictionPolicy)
 
 

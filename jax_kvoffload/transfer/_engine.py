@@ -82,6 +82,9 @@ class TransferEngine:
         of two, down to one block) for groups with large blocks. Tens of MiB per
         `device_put` already run at full PCIe speed, while multi-GiB host allocations
         spend most of their time in page faults (measured on CPU: sys time dominated).
+      device_path: take the accelerator's data path on CPU too: stores `device_put`
+        their staging into pinned host memory, as on a GPU or TPU (tests count its
+        host copies on CPU: tests/transfer/test_host_copies.py).
     """
 
     def __init__(
@@ -94,6 +97,7 @@ class TransferEngine:
         config: Any = None,
         max_bucket: int = 256,
         max_staging_bytes: int = 64 << 20,
+        device_path: bool = False,
     ) -> None:
         self._caches = check_group_caches(caches, "TransferEngine")
         max_bucket = check_index("max_bucket", max_bucket)
@@ -128,7 +132,14 @@ class TransferEngine:
                 )
         self._pool = pool
         kernel_kw = {"backend": backend, "interpret": interpret, "config": config}
-        self._copies = StagedCopies(self._caches, pool, kernel_kw, max_bucket, max_staging_bytes)
+        self._copies = StagedCopies(
+            self._caches,
+            pool,
+            kernel_kw,
+            max_bucket,
+            max_staging_bytes,
+            device_path=bool(device_path),
+        )
         self._guard = SingleCaller("TransferEngine", TransferStateError)
         self._jobs: JobCore[TransferResult] = JobCore(
             {d.value: d for d in Direction},
@@ -180,7 +191,7 @@ class TransferEngine:
         job_id: int,
         transfers: Sequence[GroupTransfer],
         *,
-        after: Sequence[Future] = (),
+        after: Sequence[Future[Any]] = (),
         check: Callable[[], None] | None = None,
     ) -> None:
         """Starts copying chunk rows back into the blocks; caches change on completion.
@@ -195,7 +206,7 @@ class TransferEngine:
             chunks = frozenset(c for t in checked for c in t.chunk_ids)
             load = FetchedLoad()
             fetch = functools.partial(self._copies.fetch, plan, load)
-            work = fetch
+            work: Callable[[], None] = fetch
             if check is not None:
 
                 def work() -> None:
