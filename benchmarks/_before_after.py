@@ -157,13 +157,24 @@ def offload(args: argparse.Namespace) -> list[tuple[str, float]]:
     return out
 
 
-def main() -> int:
+def _at_least_1(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {value}")
+    return value
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("old_tree", type=pathlib.Path, help="a checkout of the older commit")
     parser.add_argument("what", choices=("manager", "offload"))
-    parser.add_argument("--requests", type=int, default=800, help="manager: trace length")
-    parser.add_argument("--repeats", type=int, default=5, help="timed rounds (median)")
-    args = parser.parse_args()
+    parser.add_argument("--requests", type=_at_least_1, default=800, help="manager: trace length")
+    parser.add_argument("--repeats", type=_at_least_1, default=5, help="timed rounds (median)")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     load_old(args.old_tree.resolve())
     started = time.time()
     rows = manager(args) if args.what == "manager" else offload(args)
