@@ -20,6 +20,11 @@ Only whole chunks are stored or loaded.
 Every job id `store` / `load` returns is reported exactly once, by `poll`, `wait` or
 `close`, whatever happens in between (failures, `reset_cache`, interrupts); a call that
 raises returns no id and leaves nothing behind. Life cycle: docs/architecture.md.
+
+Interrupt safety is made here: each call is a sequence of waits (interruptible, they
+change nothing) and steps that change the store, the job book or the tier path (run
+with SIGINT held, `deferred_interrupts`); the parts it calls hold no signal themselves
+(docs/architecture.md, "Interrupts, in one place").
 """
 
 from __future__ import annotations
