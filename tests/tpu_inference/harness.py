@@ -5,8 +5,9 @@
         [--extra-config '{...}'] [--only NAME ...]
 
 The connector under test is a parameter: tpu-inference 0.32.0's `TPUOffloadConnector`
-with its `LocalCPUBackend` now (the baseline), ours (`jax_kvoffload.bridge.tpu_inference`)
-once it exists. It is driven only through what tpu-inference's runner and vLLM call
+with its `LocalCPUBackend` (the baseline), or ours (`jax_kvoffload.bridge.tpu_inference:
+TPUOffloadConnector`, with `secondary_tiers` in --extra-config for the tier scenarios).
+It is driven only through what tpu-inference's runner and vLLM call
 (the `KVConnectorBase_V1` methods plus `register_runner`) and fed tpu-inference's own
 metadata types (`TPUOffloadConnectorMetadata`, `TPUReqMeta`, `SaveSpec`, `LoadSpec`), as
 their offload tests drive it: a mock runner, a CPU mesh, their cache shapes.
