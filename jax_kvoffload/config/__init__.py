@@ -71,6 +71,7 @@ from jax_kvoffload.config._specs import SlidingWindowMLASpec as SlidingWindowMLA
 from jax_kvoffload.config._specs import SlidingWindowSpec as SlidingWindowSpec
 from jax_kvoffload.config._specs import UniformTypeKVCacheSpecs as UniformTypeKVCacheSpecs
 from jax_kvoffload.config._tier_disk import DiskTierConfig as DiskTierConfig
+from jax_kvoffload.config._tier_mooncake import MooncakeTierConfig as MooncakeTierConfig
 from jax_kvoffload.config._tier_options import VllmTierConfig as VllmTierConfig
 from jax_kvoffload.config._tier_redis import RedisTierConfig as RedisTierConfig
 from jax_kvoffload.config._tier_values import TierConfigError as TierConfigError
@@ -127,6 +128,7 @@ __all__ = [  # noqa: RUF022
     "TierConfig",
     "DiskTierConfig",
     "RedisTierConfig",
+    "MooncakeTierConfig",
     "VllmTierConfig",
     "TierConfigError",
     # canonical pages by hand (docs/canonical.md)

@@ -60,8 +60,8 @@ def as_group_caches(config: object, caches: object) -> dict[int, GroupCaches]:
 
 def _named_caches(config: OffloadingConfig, arrays: Sequence[Any]) -> GroupCaches:
     name = host_tier_config(config.extra_config).cache_layout
-    if name is None:
-        raise OffloaderError(
+    if name is None:  # a list where a GroupCaches goes: the wrong type of argument
+        raise KVOffloadTypeError(
             "caches is a list of arrays but kv_connector_extra_config has no 'cache_layout' "
             "to say their layout: set it (e.g. 'cache_layout': 'rpa'), or pass "
             "GroupCaches(arrays, layout)"
@@ -287,6 +287,9 @@ def assemble(
             enable_events=config.enable_kv_cache_events,
             tiers=None if tiers is None else tuple(tiers),
             pages=engine_pages(caches),
+            accelerator=any(
+                next(iter(gc.arrays[0].devices())).platform != "cpu" for gc in caches.values()
+            ),
         )
     except KVOffloadError:
         raise

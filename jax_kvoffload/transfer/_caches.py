@@ -140,7 +140,8 @@ def layout_named(name: str, where: str) -> pk.KVLayout:
 
 
 def _page_bytes(array: Any, layout: pk.KVLayout) -> int:
-    return int(np.prod(layout.page_shape(tuple(array.shape)))) * np.dtype(array.dtype).itemsize
+    itemsize: int = np.dtype(array.dtype).itemsize
+    return int(np.prod(layout.page_shape(tuple(array.shape)))) * itemsize
 
 
 def check_group_caches(caches: object, where: str) -> dict[int, GroupCaches]:
