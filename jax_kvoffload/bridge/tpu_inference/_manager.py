@@ -19,7 +19,6 @@ A save the worker reports failed (`Hub.take_failed`) frees its chunk instead.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -32,8 +31,6 @@ from jax_kvoffload.offloader.internals import prefix_chunks
 from jax_kvoffload.store import LookupResult, make_offload_key
 
 __all__ = ["Chunk", "StoreManager"]
-
-logger = logging.getLogger(__name__)
 
 GROUP = 0  # every layer of a block is one chunk: one key space
 
