@@ -19,18 +19,18 @@ A save the worker reports failed (`Hub.take_failed`) frees its chunk instead.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from jax_kvoffload.bridge.tpu_inference._errors import TPUConnectorStateError
+from jax_kvoffload.bridge.tpu_inference._errors import (
+    TPUConnectorStateError,
+    UnknownChunkError,
+)
 from jax_kvoffload.bridge.tpu_inference._hub import Hub
 from jax_kvoffload.offloader.internals import prefix_chunks
 from jax_kvoffload.store import LookupResult, make_offload_key
 
 __all__ = ["Chunk", "StoreManager"]
-
-logger = logging.getLogger(__name__)
 
 GROUP = 0  # every layer of a block is one chunk: one key space
 
@@ -104,18 +104,15 @@ class StoreManager:
 
     def mark_completion(self, chunk_ids: Sequence[int], operation: str) -> None:
         """The worker finished saving ("save") or loading ("load") these chunks."""
-        known = [c for c in chunk_ids if c in self._keys]
-        if len(known) != len(chunk_ids):
-            logger.warning(
-                "tpu-inference connector: %s completion of unknown chunks %s ignored",
-                operation,
-                sorted(set(chunk_ids) - set(known)),
-            )
+        if operation not in ("save", "load"):
+            raise TPUConnectorStateError(f"operation={operation!r}: 'save' or 'load' expected")
+        unknown = [c for c in chunk_ids if c not in self._keys]
+        if unknown:  # theirs raises ValueError before changing anything, as this does
+            raise UnknownChunkError(operation, list(chunk_ids), unknown)
+        known = list(chunk_ids)
         if operation == "load":
             self._store.complete_load([self._keys[c] for c in known])
             return
-        if operation != "save":
-            raise TPUConnectorStateError(f"operation={operation!r}: 'save' or 'load' expected")
         failed = self._hub.take_failed(known)
         if failed:
             self._store.complete_store([self._keys[c] for c in failed], success=False)
