@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import contextlib
+import functools
 import logging
 import signal
 import threading
@@ -199,9 +200,7 @@ class JobRunner:
                     continue
                 if isinstance(result, cf.Future):
                     result.add_done_callback(
-                        lambda f, job=job, start=start, stop=stop: self._finish_checked(
-                            job, start, stop, f
-                        )
+                        functools.partial(self._finish_checked, job, start, stop)
                     )
                 else:
                     self._finish_checked(job, start, stop, result)
