@@ -142,6 +142,7 @@ class HostChunkPool(HostPool):
         dst = self._leading(group, "data", data)
         slots = self.slots(chunk_ids, first, data.shape[0])
         copy_rows(dst, slots, data, np.arange(slots.size), 1)
+        self.host_copies.add(data.nbytes, store=True)
 
     def move_shards(
         self,
@@ -168,6 +169,7 @@ class HostChunkPool(HostPool):
                 copy_rows(place, slots, data, blocks, 1)
             else:
                 copy_rows(data, blocks, place, slots, 1)
+            self.host_copies.add(data.nbytes, store=store)
 
     def read_blocks(
         self, group: int, chunk_ids: list[int], first: int, n_blocks: int, out: np.ndarray
@@ -179,4 +181,5 @@ class HostChunkPool(HostPool):
         src = self._leading(group, "out", out, n_blocks)
         slots = self.slots(chunk_ids, first, n_blocks)
         copy_rows(out, np.arange(n_blocks), src, slots, 1)
+        self.host_copies.add(out.nbytes, store=False)
         return out

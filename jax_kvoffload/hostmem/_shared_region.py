@@ -118,7 +118,7 @@ class SharedHostRegion:
         lock = _shm_rendezvous.acquire_lock(self._address("lock"), deadline, self._label)
         try:
             self._join(deadline, rank)
-        except BaseException:
+        except BaseException:  # on any exit: the descriptor, mapping and server go
             self._release()
             raise
         finally:
@@ -147,7 +147,7 @@ class SharedHostRegion:
         try:
             self._mmap[_shm_memfd.SLOTS_OFFSET + self.slot] = 1
             self._server = _shm_rendezvous.FdServer(listener, fd, self._label)
-        except BaseException:
+        except BaseException:  # on any exit: the listening socket is closed
             listener.close()
             raise
         logger.info(

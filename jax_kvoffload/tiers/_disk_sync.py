@@ -253,7 +253,7 @@ def then(future: cf.Future[T], fn: Callable[[T], U]) -> cf.Future[U]:
     def done(f: cf.Future[T]) -> None:
         try:
             out.set_result(fn(f.result()))
-        except BaseException as e:
+        except BaseException as e:  # any failure: the future must complete
             out.set_exception(e)
 
     future.add_done_callback(done)
