@@ -238,7 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("file", help='JSON file: {"engine": {...}, "kv_cache": {...}}')
     explain.add_argument("--json", action="store_true", help="machine-readable output")
     explain.set_defaults(func=_config_explain, subparser=explain)
-    config.set_defaults(func=lambda _args: (config.print_help(), 0)[1])
+    config.set_defaults(func=lambda _args: (config.print_help(), 0)[1])  # type: ignore[func-returns-value]
 
     bench = commands.add_parser(
         "bench",

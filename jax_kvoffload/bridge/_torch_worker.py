@@ -38,7 +38,7 @@ import logging
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -267,7 +267,7 @@ class TorchKVWorker:
             for m in moves
         ]
         if moves and None not in written:  # vLLM counts what this rank writes (canonical)
-            size = sum(m.refs * w for m, w in zip(moves, written, strict=True))
+            size = sum(m.refs * w for m, w in zip(moves, cast("list[int]", written), strict=True))
         if self._refused(job_id, size, store=True):
             return True
         if self._dma is not None:

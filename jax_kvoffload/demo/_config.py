@@ -145,7 +145,7 @@ def check_kernel_backend(name: object) -> None:
     import pallas_kernels as pk
 
     try:
-        record = pk.get_backend(name)
+        record = pk.get_backend(name)  # type: ignore[arg-type]  # not a str: TypeError
     except (TypeError, pk.BackendUnavailableError) as exc:
         raise DemoConfigError(f"kernel_backend={name!r}: {exc}") from None
     runs = ("auto", *pk.supported_backends())

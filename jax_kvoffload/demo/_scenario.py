@@ -56,11 +56,13 @@ def build_offloader(cfg: ScenarioConfig, num_blocks: int):
     budget = 4 * (cfg.prompt_blocks + cfg.blocks_per_chunk) * group.block_bytes
     spec = FullAttentionSpec(
         block_size=cfg.block_size, num_kv_heads=m.num_kv_heads, head_size=m.head_dim,
-        dtype="float32",
+        dtype="float32",  # type: ignore[arg-type]  # a name: as_dtype
     )  # fmt: skip
     engine = EngineConfig(
         model_config=ModelConfig(
-            model="jax-kvoffload-demo", dtype="float32", total_num_kv_heads=m.num_kv_heads
+            model="jax-kvoffload-demo",
+            dtype="float32",  # type: ignore[arg-type]  # a name: as_dtype
+            total_num_kv_heads=m.num_kv_heads,
         ),
         cache_config=CacheConfig(block_size=cfg.block_size),
         kv_transfer_config=KVTransferConfig(

@@ -25,7 +25,7 @@ raises returns no id and leaves nothing behind. Life cycle: docs/architecture.md
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import jax
 import numpy as np
@@ -51,7 +51,7 @@ from jax_kvoffload.offloader._job_book import JobBook
 from jax_kvoffload.offloader._load_plan import locate_missing, prepare_load
 from jax_kvoffload.offloader._tier_stats import TierPathStats
 from jax_kvoffload.stats import OffloadStats
-from jax_kvoffload.store import LookupResult, make_offload_key
+from jax_kvoffload.store import LookupResult, OffloadKey, make_offload_key
 from jax_kvoffload.tiers import SecondaryTier, namespace_digest
 from jax_kvoffload.transfer import (
     Direction,
@@ -434,7 +434,7 @@ class KVOffloader:
     # -- internals: jobs ----------------------------------------------------------------
 
     def _start_store(
-        self, g: int, keys: list[bytes], ids: list[list[int]], offered: list[bytes]
+        self, g: int, keys: list[OffloadKey], ids: list[list[int]], offered: list[OffloadKey]
     ) -> int | None:
         job = None
         try:
@@ -443,7 +443,7 @@ class KVOffloader:
                 if out is None or not out.keys_to_store:
                     return None
                 job = self._jobs.record(Direction.STORE, g, list(out.keys_to_store))
-            position: dict[bytes, int] = {}
+            position: dict[OffloadKey, int] = {}
             for i, k in enumerate(keys):
                 position.setdefault(k, i)
             blocks = tuple(b for key in out.keys_to_store for b in ids[position[key]])
@@ -456,7 +456,7 @@ class KVOffloader:
             raise
         return job
 
-    def _start_load(self, g: int, keys: list[bytes], ids: list[list[int]]) -> int:
+    def _start_load(self, g: int, keys: list[OffloadKey], ids: list[list[int]]) -> int:
         job = None
         if self._tiers is not None:
             with deferred_interrupts():
@@ -466,8 +466,8 @@ class KVOffloader:
             with deferred_interrupts():
                 chunk_ids, pinned, waits = prepare_load(self._store, self._tiers, g, keys, where)
                 job = self._jobs.record(Direction.LOAD, g, pinned, waits)
-                for tier_job, tier_keys in waits:
-                    self._tiers.hold(tier_job, job, tier_keys)
+                for tier_job, tier_keys in waits:  # waits come from a tier path only
+                    cast(TierPath, self._tiers).hold(tier_job, job, tier_keys)
             blocks = tuple(b for chunk in ids for b in chunk)
             transfer = GroupTransfer(g, blocks, tuple(chunk_ids))
             if waits:
@@ -487,7 +487,7 @@ class KVOffloader:
         return job
 
     def _tier_lookup(
-        self, g: int, keys: list[bytes], window: int | None, wait: bool
+        self, g: int, keys: list[OffloadKey], window: int | None, wait: bool
     ) -> tuple[int, int]:
         """`lookup` with tiers: (chunks loadable now, chunks found in the host or a
         tier). Each step that changes the store holds SIGINT; asking the tiers and

@@ -7,9 +7,9 @@ at the hand-over names the group, the array and the fix.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import numpy as np
@@ -109,6 +109,10 @@ class GroupCaches:
 
     arrays: list[jax.Array]
     layout: pk.KVLayout
+
+    if TYPE_CHECKING:
+        # What the constructor takes: __post_init__ makes the fields' types of both.
+        def __init__(self, arrays: Sequence[jax.Array], layout: pk.KVLayout | str) -> None: ...
 
     def __post_init__(self) -> None:
         if isinstance(self.layout, str):  # a layout name: "rpa", "nhd_second", ...
