@@ -22,6 +22,7 @@ stay): its bytes go through a staging tensor in host memory and `write_blocks` /
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -32,7 +33,47 @@ from jax_kvoffload.bridge._tensor_bytes import TensorBytes
 from jax_kvoffload.bridge._torch_streams import CopyEvent, CopyStream
 from jax_kvoffload.hostmem import HostChunkPool
 
-__all__ = ["SlotDMA", "slot_runs"]
+__all__ = ["SlotDMA", "page_lock", "page_unlock", "slot_runs"]
+
+logger = logging.getLogger(__name__)
+
+
+def page_lock(pool: HostChunkPool) -> list[int]:
+    """Page-locks the rows of a pool the worker did not allocate (a shared region's), so
+    that its copies are DMA without the driver's staging; returns the registered
+    addresses (`page_unlock` them at shutdown). Best effort: a refusal is logged and
+    the copies stay correct, staged by the driver (untested on hardware)."""
+    import torch
+
+    cudart = torch.cuda.cudart()
+    done = []
+    for t in pool.bytes_per_block:
+        flat = pool.flat(t)
+        if flat.nbytes == 0:
+            continue
+        err = cudart.cudaHostRegister(flat.ctypes.data, flat.nbytes, 0)
+        if int(err) != 0:
+            logger.warning(
+                "could not page-lock %d bytes of host slots (tensor %d): %s; its copies are "
+                "staged by the CUDA driver",
+                flat.nbytes,
+                t,
+                err,
+            )
+            continue
+        done.append(flat.ctypes.data)
+    return done
+
+
+def page_unlock(addresses: list[int]) -> None:
+    """Undoes `page_lock` (nothing to do for an empty list: torch is not asked)."""
+    if not addresses:
+        return
+    import torch
+
+    cudart = torch.cuda.cudart()
+    for address in addresses:
+        cudart.cudaHostUnregister(address)
 
 
 def slot_runs(slots: np.ndarray) -> list[tuple[int, int, int]]:

@@ -45,7 +45,7 @@ import numpy as np
 import pallas_kernels as pk
 from jax_kvoffload.bridge._job_plan import JobSpecError, TensorMove, int_ids, plan_job
 from jax_kvoffload.bridge._tensor_bytes import TensorBytes, UnitRows
-from jax_kvoffload.bridge._torch_dma import SlotDMA
+from jax_kvoffload.bridge._torch_dma import SlotDMA, page_lock, page_unlock
 from jax_kvoffload.bridge._torch_streams import copy_stream, submit_event
 from jax_kvoffload.errors import KVOffloadStateError, KVOffloadTypeError
 from jax_kvoffload.hostmem import HostChunkPool, HostPool, build_host_pool
@@ -215,6 +215,8 @@ class TorchKVWorker:
                 f"{type(pool).__name__} (use dma=None)"
             )
         pinned = bool(dma) and any(d.type == "cuda" for d in devices)
+        self._locked: list[int] = []  # addresses of a given pool we page-locked
+        buffer = None
         if pool is None:
             buffer = _slot_memory(num_chunks, self.widths, self._bpc, pinned) if dma else None
             pool, _ = build_host_pool(num_chunks, self.widths, self._bpc, buffer=buffer)
@@ -237,6 +239,8 @@ class TorchKVWorker:
         self._dma = None
         if dma:
             assert isinstance(pool, HostChunkPool)
+            if pinned and buffer is None:  # a pool of the caller's: page-lock it once
+                self._locked = page_lock(pool)
             self._dma = SlotDMA(self._geo, pool, pinned=pinned, max_staging_bytes=max_staging_bytes)
         # One copy stream per lane and device (vLLM: one per handler).
         self._streams = {lane: {d: copy_stream(d) for d in devices} for lane in _LANES}
@@ -331,6 +335,8 @@ class TorchKVWorker:
         self._core.close(complete=False)
         if not self._shut_down:
             self._shut_down = True
+            locked, self._locked = self._locked, []
+            page_unlock(locked)  # before on_shutdown unmaps the memory
             if self._on_shutdown is not None:
                 self._on_shutdown()
 

@@ -16,7 +16,8 @@ import torch
 
 from jax_kvoffload.bridge import _torch_worker
 from jax_kvoffload.bridge._torch_streams import SyncStream
-from jax_kvoffload.bridge.torch import TorchKVWorker
+from jax_kvoffload.bridge.torch import JobSpecError, TorchKVWorker
+from jax_kvoffload.hostmem import HostChunkPool, PinnedRowPool
 
 NB, PAGE = 12, 64
 
@@ -119,3 +120,18 @@ def test_a_job_is_reported_when_its_event_completes(monkeypatch):
     w.wait([1])
     assert [(r.job_id, r.success) for r in w.get_finished()] == [(1, True)]
     w.shutdown()
+
+
+def test_a_given_numpy_pool_takes_the_copy_engine_path_too():
+    # A shared region's pool (JaxOffloadingSpec's workers): its slots are the memory
+    # the copy engine writes (page-locked once where CUDA is; here plain memory).
+    pool = HostChunkPool(6, {0: PAGE}, 2)
+    cache, w = worker([[(0, PAGE)]], dma=True, pool=pool)
+    before = cache.clone()
+    assert store_then_load(w, [7, 1], [5], [0, 2]) == ((0, 0), (0, 0))
+    assert torch.equal(cache[[0, 2]], before[[7, 1]])
+    w.shutdown()
+    with pytest.raises(JobSpecError, match="HostChunkPool"):
+        worker([[(0, PAGE)]], dma=True, pool=PinnedRowPool(6, {0: PAGE}, 2))
+    with pytest.raises(JobSpecError, match="store_kernel"):
+        worker([[(0, PAGE)]], dma=True, store_kernel=True)
