@@ -115,3 +115,44 @@ def test_a_job_is_one_device_put_per_direction(pool_cls, monkeypatch):
     assert calls == [3, 3]
     check_loaded(engine, before, blocks, targets)
     engine.close()
+
+
+SHARDED = """
+import os
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+import pallas_kernels as pk
+from jax_kvoffload.hostmem import PinnedRowPool
+from jax_kvoffload.transfer import GroupCaches, GroupTransfer, TransferEngine
+
+mesh = Mesh(np.array(jax.devices()), ("tp",))
+bits = np.random.default_rng(0).integers(0, 2**16, (8, 4, 8, 16), dtype=np.uint16)
+heads = NamedSharding(mesh, P(None, None, "tp", None))
+for device_path in (True, False):
+    arrays = [jax.device_put(np.roll(bits, k), heads) for k in range(2)]
+    before = [np.asarray(a).copy() for a in arrays]
+    gc = GroupCaches(arrays, pk.KVLayout.nhd())
+    pool = PinnedRowPool(4, {0: gc.block_bytes}, 2)
+    with TransferEngine({0: gc}, pool, backend="xla", device_path=device_path) as engine:
+        engine.submit_store(1, [GroupTransfer(0, (2, 5, 7, 1), (3, 0))])
+        assert engine.wait([1])[0].success
+        engine.submit_load(2, [GroupTransfer(0, (0, 3, 4, 6), (3, 0))])
+        assert engine.wait([2])[0].success
+        after = [np.asarray(a) for a in engine.arrays(0)]
+        assert engine.arrays(0)[0].sharding.is_equivalent_to(heads, 4)
+    for k in range(2):
+        np.testing.assert_array_equal(after[k][[0, 3, 4, 6]], before[k][[2, 5, 7, 1]])
+    assert pool.host_copies.snapshot() == (0, 0), pool.host_copies
+print("OK")
+"""
+
+
+def test_sharded_caches_through_pinned_rows_copy_nothing_with_the_cpu():
+    import subprocess
+    import sys
+
+    run = subprocess.run(
+        [sys.executable, "-c", SHARDED], capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode == 0 and "OK" in run.stdout, run.stderr[-3000:]
