@@ -7,8 +7,8 @@ host slot holds only the widest unpadded page of its tensor. `transfer_size` is 
 count (every ref's unpadded page; a canonical store: the bytes this rank wrote).
 
 Accelerator tensors take the copy-engine path (`_torch_dma`, `dma=True` forces it on
-CPU): the host slots are one pinned allocation (`torch.empty(..., pin_memory=True)`
-when CUDA is there), a store gathers its blocks on the device and copies them D2H
+CPU): the host slots are one allocation, page-locked once when CUDA is there
+(`cudaHostRegister`), a store gathers its blocks on the device and copies them D2H
 straight into their slots, one copy per contiguous run of slots, a load copies the runs
 H2D and scatters them with `index_copy_` into vLLM's own tensor; all on the lane's own
 stream, after an event of the caller's stream, and the job ends when its event
@@ -35,6 +35,7 @@ timing, tally, the report-once bookkeeping) are the transfer engine's job core
 from __future__ import annotations
 
 import logging
+import mmap
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -86,14 +87,14 @@ def _sync_device(device: Any) -> None:
         torch.accelerator.synchronize(device)
 
 
-def _slot_memory(num_chunks: int, widths: dict[int, int], bpc: int, pinned: bool) -> np.ndarray:
-    """The host slots of the copy-engine path: one allocation, page-locked when CUDA is
-    there (`pin_memory=True`: the copy engine reads and writes it without staging), an
-    ordinary zeroed tensor otherwise; as the numpy buffer of a `HostChunkPool`."""
-    import torch
-
+def _slot_memory(num_chunks: int, widths: dict[int, int], bpc: int) -> np.ndarray:
+    """The host slots of the copy-engine path on CUDA: one anonymous mapping of exactly
+    the pool's bytes (zeroed, page-aligned), page-locked once by `page_lock`. Not
+    `torch.empty(..., pin_memory=True)`: torch's caching host allocator rounds a pinned
+    block up to the next power of two (pytorch/pytorch#150517: a 65 GiB pool would pin
+    128 GiB)."""
     nbytes = HostChunkPool.nbytes_for(num_chunks, widths, bpc)
-    return torch.zeros(max(1, nbytes), dtype=torch.uint8, pin_memory=pinned).numpy()[:nbytes]
+    return np.frombuffer(mmap.mmap(-1, max(1, nbytes)), dtype=np.uint8)[:nbytes]
 
 
 def host_widths(group_refs: Sequence[Sequence[tuple[int, int]]]) -> dict[int, int]:
@@ -146,7 +147,7 @@ class TorchKVWorker:
         slots and H2D straight from them, on the worker's own streams): None (default)
         for accelerator tensors unless `store_kernel=True`; True forces it on CPU too
         (tests count its host copies there). Needs a `HostChunkPool` (the private
-        pool, pinned when CUDA is available, or a shared region's).
+        pool or a shared region's; page-locked once when CUDA is available).
       pool: host pool to use instead of a private `HostChunkPool` (a shared region's, or
         a `CanonicalPoolView`); its `bytes_per_block[t]` must be `widths[t]`.
       on_shutdown: called once after `shutdown` has drained every job (e.g. to unmap a
@@ -218,7 +219,7 @@ class TorchKVWorker:
         self._locked: list[int] = []  # addresses of a given pool we page-locked
         buffer = None
         if pool is None:
-            buffer = _slot_memory(num_chunks, self.widths, self._bpc, pinned) if dma else None
+            buffer = _slot_memory(num_chunks, self.widths, self._bpc) if pinned else None
             pool, _ = build_host_pool(num_chunks, self.widths, self._bpc, buffer=buffer)
         elif not isinstance(pool, HostPool):
             raise KVOffloadTypeError(
@@ -239,7 +240,7 @@ class TorchKVWorker:
         self._dma = None
         if dma:
             assert isinstance(pool, HostChunkPool)
-            if pinned and buffer is None:  # a pool of the caller's: page-lock it once
+            if pinned:  # page-locked once: the copy engine reads and writes it directly
                 self._locked = page_lock(pool)
             self._dma = SlotDMA(self._geo, pool, pinned=pinned, max_staging_bytes=max_staging_bytes)
         # One copy stream per lane and device (vLLM: one per handler).

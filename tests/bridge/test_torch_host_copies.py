@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 from types import SimpleNamespace as Spec
 
+import numpy as np
 import pytest
 import torch
 
@@ -135,3 +136,34 @@ def test_a_given_numpy_pool_takes_the_copy_engine_path_too():
         worker([[(0, PAGE)]], dma=True, pool=PinnedRowPool(6, {0: PAGE}, 2))
     with pytest.raises(JobSpecError, match="store_kernel"):
         worker([[(0, PAGE)]], dma=True, store_kernel=True)
+
+
+def test_page_lock_registers_each_contiguous_range_once(monkeypatch, caplog):
+    from jax_kvoffload.bridge import _torch_dma
+
+    calls = []
+
+    class Cudart:
+        def cudaHostRegister(self, ptr, size, flags):
+            calls.append(("register", ptr, size))
+            return 0 if size != 8 * 2 * 3 else 1  # refuses one size: logged, skipped
+
+        def cudaHostUnregister(self, ptr):
+            calls.append(("unregister", ptr))
+            return 0
+
+    monkeypatch.setattr(torch.cuda, "cudart", Cudart)
+    buffer = np.zeros(HostChunkPool.nbytes_for(3, {0: 16, 1: 32}, 2), np.uint8)
+    carved = HostChunkPool(3, {0: 16, 1: 32}, 2, buffer=buffer)  # groups back to back
+    assert _torch_dma.page_lock(carved) == [buffer.ctypes.data]
+    assert calls == [("register", buffer.ctypes.data, buffer.nbytes)]
+    calls.clear()
+    separate = HostChunkPool(3, {0: 16, 1: 8}, 2)  # one allocation per group
+    with caplog.at_level("WARNING"):
+        locked = _torch_dma.page_lock(separate)
+    assert sorted(c[2] for c in calls) == [48, 96]  # not adjacent: one range each
+    assert locked == [separate.flat(0).ctypes.data]  # the 48-byte group was refused
+    assert "could not page-lock 48 bytes" in caplog.text
+    calls.clear()
+    _torch_dma.page_unlock(locked)
+    assert calls == [("unregister", locked[0])]
