@@ -276,10 +276,7 @@ class TorchKVWorker:
         if self._refused(job_id, size, store=True):
             return True
         if self._dma is not None:
-            ready = self._submit_events(moves)
-            streams = self._streams["store"]
-            work = lambda: self._dma.store(moves, streams, ready)  # noqa: E731
-            self._core.submit(job_id, "store", work, size)
+            self._submit_copies(job_id, "store", moves, size)
             return True
         for device in {self._geo[m.tensor].device for m in moves}:
             _sync_device(device)
@@ -301,11 +298,9 @@ class TorchKVWorker:
             return True
         lane = "expedited" if expedited else "load"
         if self._dma is not None:
-            ready, streams = self._submit_events(moves), self._streams[lane]
-            work = lambda: self._dma.load(moves, streams, ready)  # noqa: E731
+            self._submit_copies(job_id, lane, moves, size)
         else:
-            work = lambda: self._run_load(moves)  # noqa: E731
-        self._core.submit(job_id, lane, work, size)
+            self._core.submit(job_id, lane, lambda: self._run_load(moves), size)
         return True
 
     def get_finished(self) -> list[Any]:
@@ -380,10 +375,21 @@ class TorchKVWorker:
                 seen.update(m.block_ids)
         return moves, size
 
-    def _submit_events(self, moves: list[TensorMove]) -> dict[Any, Any]:
-        """Per device of the job, an event on the caller's current stream now: the
-        job's copies run after the engine's work issued so far (never a host sync)."""
-        return {d: submit_event(d) for d in {self._geo[m.tensor].device for m in moves}}
+    def _submit_copies(self, job_id: int, lane: str, moves: list[TensorMove], size: int) -> None:
+        """Queues a job of the copy-engine path on `lane`. Per device of the job an event
+        is recorded on the caller's current stream now: the job's copies run after the
+        engine's work issued so far, and nothing here waits for the device."""
+        dma = self._dma
+        assert dma is not None
+        try:
+            devices = {self._geo[m.tensor].device for m in moves}
+            ready = {d: submit_event(d) for d in devices}
+        except Exception as exc:  # e.g. a CUDA error: the job fails, reported
+            self._core.fail(job_id, lane, exc, size)
+            return
+        streams = self._streams[lane]
+        run = dma.store if _LANES[lane] is Direction.STORE else dma.load
+        self._core.submit(job_id, lane, lambda: run(moves, streams, ready), size)
 
     def _refused(self, job_id: int, size: int, store: bool) -> bool:
         """Ends the job as a failure while `not_ready` gives a reason (logged)."""

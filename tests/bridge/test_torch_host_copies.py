@@ -167,3 +167,17 @@ def test_page_lock_registers_each_contiguous_range_once(monkeypatch, caplog):
     calls.clear()
     _torch_dma.page_unlock(locked)
     assert calls == [("unregister", locked[0])]
+
+
+def test_a_submit_event_that_fails_fails_its_job_and_only_it(monkeypatch):
+    def broken(device):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    _, w = worker([[(0, PAGE)]], dma=True)
+    monkeypatch.setattr(_torch_worker, "submit_event", broken)
+    assert w.submit_store(1, device_spec([3]), Spec(block_ids=[2]))
+    monkeypatch.undo()
+    assert w.submit_store(2, device_spec([4]), Spec(block_ids=[1]))
+    w.wait([1, 2])
+    assert [(r.job_id, r.success) for r in w.get_finished()] == [(1, False), (2, True)]
+    w.shutdown()
