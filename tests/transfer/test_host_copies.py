@@ -156,3 +156,28 @@ def test_sharded_caches_through_pinned_rows_copy_nothing_with_the_cpu():
         [sys.executable, "-c", SHARDED], capture_output=True, text=True, timeout=300
     )
     assert run.returncode == 0 and "OK" in run.stdout, run.stderr[-3000:]
+
+
+def test_a_chunk_two_pieces_of_a_load_share_crosses_the_bus_once(monkeypatch):
+    engine, pool, _, before = engine_with(PinnedRowPool, max_bucket=4)
+    blocks = [3, 9, 1, 14, 6, 0, 11, 12]
+    engine.submit_store(1, [GroupTransfer(0, tuple(blocks), (4, 0, 2, 5))])
+    assert engine.wait([1])[0].success
+    calls = []
+    real = jax.device_put
+
+    def counted(x, *args, **kw):
+        calls.append(len(x))
+        return real(x, *args, **kw)
+
+    monkeypatch.setattr(jax, "device_put", counted)
+    # Slots 1-6: pieces of 4 + 2 blocks; chunk 2 (slots 4-5) is in both.
+    targets = [2, 4, 5, 7, 8, 10]
+    engine.submit_load(2, [GroupTransfer(0, tuple(targets), (4, 0, 2, 5), 1)])
+    assert engine.wait([2])[0].success
+    assert calls == [4]  # four chunks' rows, each once
+    after = [np.asarray(a) for a in engine.arrays(0)]
+    for layer in range(2):
+        np.testing.assert_array_equal(after[layer][targets], before[layer][blocks[1:7]])
+    assert pool.host_copies.snapshot() == (0, 0)
+    engine.close()
