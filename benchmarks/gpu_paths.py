@@ -259,8 +259,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    return build_parser().parse_args(argv)
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     sizes = SIZES["dry" if args.cpu_dry_run else "quick" if args.quick else "full"]
     repeats = 3 if args.cpu_dry_run else args.repeats  # the 2nd load still compiles
     progress = _report.Progress(len(sizes) * len(args.paths), quiet=args.quiet)
