@@ -25,6 +25,7 @@ import argparse
 import pathlib
 import sys
 import time
+import traceback
 from collections.abc import Callable
 from types import SimpleNamespace as Spec
 
@@ -269,16 +270,26 @@ def main(argv: list[str] | None = None) -> int:
     repeats = 3 if args.cpu_dry_run else args.repeats  # the 2nd load still compiles
     progress = _report.Progress(len(sizes) * len(args.paths), quiet=args.quiet)
     rows: list[dict] = []
+    failed: list[str] = []
     started = time.perf_counter()
+    args.out.mkdir(parents=True, exist_ok=True)
     for layers, page_kib, blocks in sizes:
         case = f"{layers} L x {page_kib} KiB x {blocks}"
         for path in args.paths:
             progress.step(f"{path}: {case}")
             measure = jax_rows if path == "jax" else torch_rows
-            rows += measure(layers, page_kib, blocks, repeats, case)
+            try:
+                rows += measure(layers, page_kib, blocks, repeats, case)
+            except Exception:  # one path failing (no CUDA torch, say) keeps the other's rows
+                traceback.print_exc()
+                failed.append(f"{path}: {case}")
+                continue
+            # Written after every case: a step that times out leaves what it measured.
+            _report.write_csv(args.out / "gpu_paths.csv", list(rows[0]), rows)
     progress.finish()
-    args.out.mkdir(parents=True, exist_ok=True)
-    _report.write_csv(args.out / "gpu_paths.csv", list(rows[0]), rows)
+    if not rows:
+        print(f"error: every case failed ({failed})", file=sys.stderr)
+        return 1
     platform = jax.devices()[0].platform
     took = time.perf_counter() - started
     note = f"{platform}, median of {repeats} runs (per-block: 1), {took:.0f} s"
@@ -287,7 +298,9 @@ def main(argv: list[str] | None = None) -> int:
     _report.emit(
         "gpu_paths", args, [("P1-P4 against their references", rows, COLUMNS)], rows, note=note
     )
-    return 0
+    if failed:
+        print(f"error: these cases failed (tracebacks above): {failed}", file=sys.stderr)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
