@@ -120,7 +120,7 @@ def open_tiers(
                 )
             opened.append(open_tier(tier, namespace, describe=describe))
             logger.info("secondary tier %d: %s", i, type(opened[-1]).__name__)
-    except BaseException:
+    except BaseException:  # on any exit: the tiers opened so far are closed
         for tier in reversed(opened):
             tier.close()
         raise

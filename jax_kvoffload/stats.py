@@ -229,7 +229,9 @@ class TransferTally:
         return TransferTotals(*store), TransferTotals(*load)
 
 
-def store_side(store: Any, hit_tokens: int | None, tiers: Sequence[TierStats] = ()) -> dict:
+def store_side(
+    store: Any, hit_tokens: int | None, tiers: Sequence[TierStats] = ()
+) -> dict[str, Any]:
     """The `OffloadStats` fields a `HostStore` answers, read without draining it.
 
     `store.counters()` copies the cumulative counters; the gauges come from the

@@ -100,11 +100,13 @@ class HostChunkPool(HostPool):
 
     def chunk_row(self, group: int, chunk: int) -> np.ndarray:
         """The row itself (a view)."""
-        return self.rows(group)[self._chunk(chunk)]
+        row: np.ndarray = self.rows(group)[self._chunk(chunk)]
+        return row
 
     def chunk_row_for_write(self, group: int, chunk: int) -> np.ndarray:
         """The row itself (a view): filling it stores the chunk."""
-        return self.rows(group)[self._chunk(chunk)]
+        row: np.ndarray = self.rows(group)[self._chunk(chunk)]
+        return row
 
     def _chunk(self, chunk: object) -> int:
         c = check_index("chunk", chunk)
@@ -117,7 +119,7 @@ class HostChunkPool(HostPool):
         rows = self.rows(group)
         return rows.reshape(self.num_chunks * self.blocks_per_chunk, self.bytes_per_block[group])
 
-    def _leading(self, group: int, name: str, rows: np.ndarray, n: int | None = None):
+    def _leading(self, group: int, name: str, rows: np.ndarray, n: int | None = None) -> np.ndarray:
         """The group's slots cut to the width of `rows` (`[n, w]` uint8, w <= the slot)."""
         flat = self.flat(group)
         width = rows.shape[1] if rows.ndim == 2 else -1

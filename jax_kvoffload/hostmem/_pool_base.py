@@ -7,7 +7,7 @@ Every pool the transfer engine, vLLM's worker or the secondary tiers use impleme
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import ClassVar
 
 import numpy as np
@@ -172,7 +172,9 @@ class HostPool(ABC):
         self.bytes_per_block = widths
         self.host_copies = HostCopies()
 
-    def _spans(self, chunk_ids: list[int], first: int, n: int):
+    def _spans(
+        self, chunk_ids: list[int], first: int, n: int
+    ) -> Iterator[tuple[int, int, int, int]]:
         """(chunk, first slot in it, end slot, first data row) per chunk touched.
 
         The whole range is checked (`slots`) before the first span is used: a negative

@@ -94,7 +94,8 @@ class ChunkRowPool(HostPool):
     def chunk_row(self, group: int, chunk: int) -> np.ndarray:
         """The group's bytes of the chunk's row (a view; contiguous)."""
         g = self._check_group(group)
-        return self._rows[g][self._chunk(chunk)].reshape(-1)
+        row: np.ndarray = self._rows[g][self._chunk(chunk)].reshape(-1)
+        return row
 
     chunk_row_for_write = chunk_row
 

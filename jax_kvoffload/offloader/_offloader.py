@@ -30,6 +30,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from jax_kvoffload._interrupts import SingleCaller, deferred_interrupts
 from jax_kvoffload.assembly import engine_pages
 from jax_kvoffload.config import OffloadingConfig
 from jax_kvoffload.errors import KVOffloadStateError
@@ -59,11 +60,7 @@ from jax_kvoffload.transfer import (
     TransferEngine,
     TransferResult,
 )
-from jax_kvoffload.transfer.internals import (
-    SingleCaller,
-    check_distinct,
-    deferred_interrupts,
-)
+from jax_kvoffload.transfer.internals import check_distinct
 
 __all__ = ["KVOffloader", "OffloaderError", "OffloaderStateError"]
 
@@ -138,7 +135,7 @@ class KVOffloader:
             self._engine = TransferEngine(
                 caches, self._pool, backend=backend, interpret=interpret, max_bucket=max_bucket
             )
-        except BaseException:
+        except BaseException:  # on any exit: the tiers it opened are closed, not leaked
             if tiers is None:
                 for tier in parts.tiers:
                     tier.close()
@@ -244,8 +241,7 @@ class KVOffloader:
             keys = [make_offload_key(h, g) for h in self._chunk_hashes(check_hashes(block_hashes))]
             window = self._groups[g].sliding_window_size_in_chunks
             if self._tiers is not None:
-                self._tiers.process()
-                n, found = self._tiers.lookup(g, keys, window, wait)
+                n, found = self._tier_lookup(g, keys, window, wait)
                 self._stats.on_lookup(g, found, n * self._bpc)  # in the host or a tier
                 return n * self._bpc
             hits = [self._store.lookup(k) is LookupResult.HIT for k in keys]
@@ -267,7 +263,10 @@ class KVOffloader:
             if self._jobs.has_unsettled or self._engine.has_finished():
                 with deferred_interrupts():  # completed stores cascade first
                     self._jobs.settle(self._engine.get_finished())
-            return self._tiers.wait(timeout=timeout)
+            done = self._tiers.wait(timeout=timeout)  # blocks; changes nothing
+            with deferred_interrupts():
+                self._tiers.process()
+            return done
 
     # -- transfers ------------------------------------------------------------------
 
@@ -296,7 +295,8 @@ class KVOffloader:
             if self._tiers is not None:
                 # Finished cascades unpin their chunks first, so the store can evict
                 # them (vLLM's tiering prepare_store polls its tiers for this reason).
-                self._tiers.process()
+                with deferred_interrupts():
+                    self._tiers.process()
             return self._start_store(g, keys, ids, offered)
 
     def load(
@@ -325,7 +325,8 @@ class KVOffloader:
         with self._guard:
             self._check_open()
             if self._tiers is not None:
-                self._tiers.process()
+                with deferred_interrupts():
+                    self._tiers.process()
             # The common idle poll is cheap.
             if self._jobs.has_unsettled or self._engine.has_finished():
                 with deferred_interrupts():
@@ -347,8 +348,8 @@ class KVOffloader:
             self._engine.join(in_engine)  # blocks; may be interrupted, changes nothing
             with deferred_interrupts():
                 self._jobs.settle(self._engine.wait(in_engine))
-            if self._tiers is not None:
-                self._tiers.process()  # finished tier jobs release their pins
+                if self._tiers is not None:
+                    self._tiers.process()  # finished tier jobs release their pins
             return self._jobs.take_ready(ids)
 
     def reset_cache(self) -> None:
@@ -365,6 +366,8 @@ class KVOffloader:
                 # drain_jobs); interruptible, and nothing has changed until it returns.
                 self._tiers.drain()
             with deferred_interrupts():
+                if self._tiers is not None:
+                    self._tiers.process()
                 self._store.reset_cache()
                 if self._tiers is not None:
                     generation = self._store.cache_generation
@@ -382,7 +385,7 @@ class KVOffloader:
             with deferred_interrupts():
                 self._jobs.settle(self._engine.get_finished())
             if self._tiers is not None:
-                self._tiers.drain()  # cascades reach the tiers; interruptible
+                self._tiers.drain()  # cascades reach the tiers; blocks, changes nothing
             with deferred_interrupts():
                 self._engine.close()
                 if self._tiers is not None:
@@ -446,14 +449,18 @@ class KVOffloader:
             blocks = tuple(b for key in out.keys_to_store for b in ids[position[key]])
             transfer = GroupTransfer(g, blocks, tuple(out.chunk_ids))
             self._engine.submit_store(job, [transfer])
-        except BaseException:
+        except BaseException:  # on any exit: the caller gets no id, so no job is left
             if job is not None:
-                self._jobs.abandon(job)
+                with deferred_interrupts():
+                    self._jobs.abandon(job)
             raise
         return job
 
     def _start_load(self, g: int, keys: list[bytes], ids: list[list[int]]) -> int:
         job = None
+        if self._tiers is not None:
+            with deferred_interrupts():
+                self._tiers.process()
         where = locate_missing(self._tiers, keys)  # tier I/O: outside the deferred block
         try:
             with deferred_interrupts():
@@ -472,8 +479,28 @@ class KVOffloader:
                 )
             else:
                 self._engine.submit_load(job, [transfer])
-        except BaseException:
+        except BaseException:  # on any exit: the caller gets no id, so no job is left
             if job is not None:
-                self._jobs.abandon(job)
+                with deferred_interrupts():
+                    self._jobs.abandon(job)
             raise
         return job
+
+    def _tier_lookup(
+        self, g: int, keys: list[bytes], window: int | None, wait: bool
+    ) -> tuple[int, int]:
+        """`lookup` with tiers: (chunks loadable now, chunks found in the host or a
+        tier). Each step that changes the store holds SIGINT; asking the tiers and
+        waiting for the promotions are interruptible and change nothing."""
+        tiers = self._tiers
+        assert tiers is not None
+        with deferred_interrupts():
+            tiers.process()
+        plan = tiers.plan_lookup(keys, window)  # asks the tiers: bounded calls
+        with deferred_interrupts():
+            promotions = tiers.promote_plan(g, plan)
+        if wait:
+            tiers.wait(promotions)  # bounded by the tiers' timeouts
+            with deferred_interrupts():
+                tiers.process(promotions)
+        return tiers.loadable(plan, recount=wait), plan.found

@@ -20,7 +20,6 @@ import pallas_kernels as pk
 from jax_kvoffload.hostmem import HostPool
 from jax_kvoffload.transfer._buckets import store_pieces
 from jax_kvoffload.transfer._caches import GroupCaches
-from jax_kvoffload.transfer._interrupts import deferred_interrupts
 from jax_kvoffload.transfer._job_checks import CheckedTransfer
 from jax_kvoffload.transfer._sharded_io import distinct_shards, fetch_sharded
 from jax_kvoffload.transfer._staging import HostBuffers, bucket_for, replicated, to_host
@@ -35,8 +34,8 @@ StorePieces = list[tuple[int, CheckedTransfer, int, Any]]
 
 class FetchedLoad:
     """A load's pieces on the devices: filled by the worker thread (`fetch`), scattered
-    in order on the caller's thread (`scatter`). `applied` survives an interrupt between
-    two pieces, so the next completion resumes where it stopped."""
+    in order on the caller's thread (`scatter`). `applied` survives a `BaseException`
+    out of a piece, so the next completion resumes where it stopped."""
 
     __slots__ = ("applied", "pieces")
 
@@ -208,13 +207,12 @@ class StagedCopies:
             while load.applied < len(load.pieces):
                 group, ids, staging, buffers = load.pieces[load.applied]
                 gc = self._caches[group]
-                # The scatter donates the old arrays: its result must be kept whatever
-                # arrives in between, or the group's caches are gone.
-                with deferred_interrupts():
-                    gc.arrays = pk.scatter_blocks(
-                        gc.arrays, ids, staging, layout=gc.layout, **self._kernel_kw
-                    )
-                    load.applied += 1
+                # The scatter donates the old arrays: its result must be kept, or the
+                # group's caches are gone. The job core runs this with SIGINT held.
+                gc.arrays = pk.scatter_blocks(
+                    gc.arrays, ids, staging, layout=gc.layout, **self._kernel_kw
+                )
+                load.applied += 1
                 if buffers:
                     # On CPU the staging aliased the buffers (zero-copy device_put):
                     # reuse them only once the scatter has read them.

@@ -30,6 +30,7 @@ from typing import Any
 import jax
 
 import pallas_kernels as pk
+from jax_kvoffload._interrupts import SingleCaller
 from jax_kvoffload.errors import KVOffloadTypeError
 from jax_kvoffload.hostmem import HostPool
 from jax_kvoffload.hostmem.internals import check_index
@@ -41,7 +42,6 @@ from jax_kvoffload.transfer._caches import (
 )
 from jax_kvoffload.transfer._copies import FetchedLoad, StagedCopies
 from jax_kvoffload.transfer._errors import TransferError, TransferStateError
-from jax_kvoffload.transfer._interrupts import SingleCaller
 from jax_kvoffload.transfer._job_checks import (
     CheckedTransfer,
     check_job_ids,
@@ -190,7 +190,7 @@ class TransferEngine:
         job_id: int,
         transfers: Sequence[GroupTransfer],
         *,
-        after: Sequence[Future] = (),
+        after: Sequence[Future[Any]] = (),
         check: Callable[[], None] | None = None,
     ) -> None:
         """Starts copying chunk rows back into the blocks; caches change on completion.
@@ -205,7 +205,7 @@ class TransferEngine:
             chunks = frozenset(c for t in checked for c in t.chunk_ids)
             load = FetchedLoad()
             fetch = functools.partial(self._copies.fetch, plan, load)
-            work = fetch
+            work: Callable[[], None] = fetch
             if check is not None:
 
                 def work() -> None:
@@ -306,8 +306,9 @@ class TransferEngine:
     # -- internals: completing (caller's thread, called by the job core) ----------------
 
     def _finish(self, job: EngineJob) -> Exception | None:
-        """Scatters a load's fetched pieces. An interrupt inside a scatter leaves the job
-        in flight with its progress kept; the next completion resumes it."""
+        """Scatters a load's fetched pieces (SIGINT held: the job core's completion step).
+        A `BaseException` out of a scatter leaves the job in flight with its progress
+        kept; the next completion resumes it."""
         if job.direction is Direction.LOAD:
             return self._copies.scatter(job.payload)
         return None
