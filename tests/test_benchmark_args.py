@@ -51,6 +51,9 @@ REFUSED = [
     ("manager", ["--quick", "--full"], "not allowed with argument --quick"),
     ("tiers", ["--chunks", "0"], "--chunks: must be an integer >= 1, got 0"),
     ("tiers", ["--no-redis", "--clients"], "--clients: belongs to the Redis part"),
+    ("gpu_paths", ["--repeats", "0"], "--repeats: must be an integer >= 1, got 0"),
+    ("gpu_paths", ["--quick", "--cpu-dry-run"], "not allowed with argument --quick"),
+    ("gpu_paths", ["--paths", "cuda"], "--paths: invalid choice: 'cuda'"),
 ]
 
 
@@ -71,6 +74,7 @@ ACCEPTED = [
     ("kernels", ["--quick", "--backends", "xla", "--max-gib", "0.5", "--out", "/tmp/x"]),
     ("manager", ["--quick", "--requests", "300", "--policies", "arc", "--json", "--quiet"]),
     ("tiers", ["--quick", "--no-disk", "--clients", "--json", "--quiet"]),
+    ("gpu_paths", ["--quick", "--paths", "torch", "--repeats", "3", "--out", "/tmp/x"]),
 ]
 
 
@@ -82,7 +86,7 @@ def test_sensible_arguments_parse(name, argv):
 
 def test_every_benchmark_script_of_ours_is_covered():
     """(tests/tiers/test_tiers_benchmark_args.py covers tiers in depth.)"""
-    ours = {"offload", "canonical", "mesh", "kernels", "pools", "manager", "tiers"}
+    ours = {"offload", "canonical", "mesh", "kernels", "pools", "manager", "tiers", "gpu_paths"}
     assert ours <= {p.stem for p in BENCHMARKS.glob("*.py")}
     assert {n for n, *_ in REFUSED} == ours
 

@@ -132,9 +132,11 @@ class StagedCopies:
         dispatch per job). A pool that adopts rows hands out its rows as they are
         (pinned host arrays on accelerators: no host copy); the others copy them into
         reused staging buffers first (`read_blocks`, one host copy per byte)."""
-        hosts: list[Any] = []  # every host array of the job, in piece order
+        hosts: list[Any] = []  # every host array of the job, each once, in piece order
         targets: list[Any] = []  # where each goes
-        # (group, ids, what: "rows" cuts | "buffer" | a fetched staging, buffers)
+        seen: dict[tuple[int, Any], int] = {}  # (id of a row, target) -> index in hosts
+        # (group, ids, what: [(host index, k0, k1)] of rows | the host index of a
+        # staging buffer | a fetched sharded staging, buffers)
         pieces: list[tuple[int, np.ndarray, Any, list[np.ndarray]]] = []
         for group, ids, t, first, shape in plan:
             gc = self._caches[group]
@@ -143,11 +145,14 @@ class StagedCopies:
             if self._pool.adopts_rows:
                 cuts = []
                 for row, k0, k1 in self._pool.row_sources(group, t.chunk_ids, first, shape[0]):
-                    if isinstance(row, np.ndarray):  # a row of its own (partial stores)
-                        row = row.view(gc.arrays[0].dtype).reshape(-1, *shape[1:])
-                    hosts.append(row)
-                    targets.append(device)
-                    cuts.append((k0, k1))
+                    # A chunk that two pieces of the job share crosses the bus once.
+                    at = seen.setdefault((id(row), device), len(hosts))
+                    if at == len(hosts):
+                        if isinstance(row, np.ndarray):  # a row of its own (partial stores)
+                            row = row.view(gc.arrays[0].dtype).reshape(-1, *shape[1:])
+                        hosts.append(row)
+                        targets.append(device)
+                    cuts.append((at, k0, k1))
                 pieces.append((group, ids, cuts, []))
                 continue
             if sharding is not None and self._pool.moves_shards:
@@ -157,20 +162,20 @@ class StagedCopies:
                     continue
             rows = self._buffers.take((shape[0], gc.block_bytes))
             self._pool.read_blocks(group, t.chunk_ids, first, shape[0], rows)
+            pieces.append((group, ids, len(hosts), [rows]))
             hosts.append(rows.view(gc.arrays[0].dtype).reshape(shape))
             targets.append(device)
-            pieces.append((group, ids, "buffer", [rows]))
-        placed = iter(jax.device_put(hosts, targets) if hosts else [])
+        placed = jax.device_put(hosts, targets) if hosts else []
         staged = []
         for group, ids, what, buffers in pieces:
             if isinstance(what, list):  # rows as they are: cut and joined on the device
                 parts = []
-                for k0, k1 in what:
-                    row = next(placed)
+                for at, k0, k1 in what:
+                    row = placed[at]
                     parts.append(row if (k0, k1) == (0, row.shape[0]) else row[k0:k1])
                 staging = parts[0] if len(parts) == 1 else jnp.concatenate(parts)
-            elif isinstance(what, str):  # a staging buffer read from the rows
-                staging = next(placed)
+            elif isinstance(what, int):  # a staging buffer read from the rows
+                staging = placed[what]
             else:  # fetched sharded: already on the devices
                 staging = what
             staged.append((group, ids, staging, buffers))
