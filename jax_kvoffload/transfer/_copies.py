@@ -21,6 +21,7 @@ from jax_kvoffload.transfer._buckets import store_pieces
 from jax_kvoffload.transfer._caches import GroupCaches
 from jax_kvoffload.transfer._interrupts import deferred_interrupts
 from jax_kvoffload.transfer._job_checks import CheckedTransfer
+from jax_kvoffload.transfer._rpa_pages import canonical_sharding, merge_into_pages, to_canonical
 from jax_kvoffload.transfer._sharded_io import distinct_shards, fetch_sharded
 from jax_kvoffload.transfer._staging import HostBuffers, bucket_for, replicated, to_host
 
@@ -80,6 +81,8 @@ class StagedCopies:
             for start, n in self._store_pieces(t):
                 ids = t.block_ids[start : start + n].astype(np.int32)
                 staging = pk.gather_blocks(gc.arrays, ids, layout=gc.layout, **self._kernel_kw)
+                if gc.relays:  # canonical RPA pages: per-shard padding dropped on device
+                    staging = to_canonical(gc.arrays, gc.canonical_kv_heads, staging)
                 host = to_host(staging, self._on_cpu[t.group])
                 staged.append((t.group, t, t.first_slot + start, host))
         return staged
@@ -108,11 +111,15 @@ class StagedCopies:
         plan = []  # (group, ids, transfer, first slot, staging shape)
         for t in checked:
             gc = self._caches[t.group]
-            shape = (len(gc.arrays), *gc.layout.page_shape(tuple(gc.arrays[0].shape)))
+            shape = gc.host_page_shape if gc.relays else self._page(gc)
             for start, n in store_pieces(len(t.block_ids), self._bucket[t.group]):
                 ids = t.block_ids[start : start + n].astype(np.int32)
                 plan.append((t.group, ids, t, t.first_slot + start, (n, *shape)))
         return plan
+
+    @staticmethod
+    def _page(gc: GroupCaches) -> tuple[int, ...]:
+        return (len(gc.arrays), *gc.layout.page_shape(tuple(gc.arrays[0].shape)))
 
     def fetch(self, plan: LoadPlan, load: FetchedLoad) -> None:
         """Reads a load's rows onto the devices, appending each piece (worker thread)."""
@@ -134,7 +141,10 @@ class StagedCopies:
         dtype = gc.arrays[0].dtype
         # Sharded caches take their staging sharded like their page axes: each device
         # receives only its shard, read from the rows straight into its own buffer.
-        sharding = pk.staging_sharding(gc.arrays, gc.layout)
+        if gc.relays:
+            sharding = canonical_sharding(gc.arrays, gc.layout)
+        else:
+            sharding = pk.staging_sharding(gc.arrays, gc.layout)
         if sharding is not None and self._pool.moves_shards:
 
             def read(shards):
@@ -158,6 +168,10 @@ class StagedCopies:
                 gc = self._caches[group]
                 # The scatter donates the old arrays: its result must be kept whatever
                 # arrives in between, or the group's caches are gone.
+                if gc.relays:  # the target's padding slots keep their bytes
+                    staging = merge_into_pages(
+                        gc.arrays, gc.layout, gc.canonical_kv_heads, ids, staging, self._kernel_kw
+                    )
                 with deferred_interrupts():
                     gc.arrays = pk.scatter_blocks(
                         gc.arrays, ids, staging, layout=gc.layout, **self._kernel_kw
