@@ -32,7 +32,10 @@ CONFIG_DTYPE |= {"fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2", "int8": "int8"}
 
 def rpa_config(dtype: str, heads: int, *, tp: int = 1, canonical: bool = False, extra=None):
     spec = FullAttentionSpec(
-        block_size=BS, num_kv_heads=max(1, heads // tp), head_size=HEAD_DIM, dtype="uint8"
+        block_size=BS,
+        num_kv_heads=max(1, heads // tp),
+        head_size=HEAD_DIM,
+        dtype=CONFIG_DTYPE[dtype],
     )
     names = tuple(f"l{i}" for i in range(LAYERS))
     engine = EngineConfig(

@@ -80,3 +80,20 @@ def test_refusals_are_typed_and_say_why():
     off = KVOffloader(cfg, off_arrays, backend="xla", total_kv_heads=2)
     with off, pytest.raises(TransferError, match="for 2 KV heads"):
         off.set_caches(to_device(rpa_bits("bf16", 4, 1, seed=4)))
+
+
+@pytest.mark.slow  # three interpreters, 6 offloaders each: ~1-2 min on 2 cores
+def test_interpreters_move_bits_through_the_offloader_across_meshes():
+    """Issue 21 item 3 end to end: -0.0 and NaN payloads stored on 2 devices, loaded on
+    4 and 1 (the TPU interpreter changed fp16 NaN payloads here before the fix)."""
+    backends = [b for b in ("tpu", "triton", "mosaic_gpu") if pk.get_backend(b).can_interpret()]
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.canonical._interp_mesh_script", *backends],
+        cwd=ROOT,
+        env={k: v for k, v in os.environ.items() if k != "XLA_FLAGS"},
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-4000:]
