@@ -87,7 +87,7 @@ def engine_pages(caches: Mapping[int, GroupCaches]) -> list[dict[str, Any]]:
                 "page_format": gc.layout.page_format.value,
                 "kv_stacking": gc.layout.kv_stacking.value,
                 "arrays": len(gc.arrays),
-                "page_shape": list(gc.layout.page_shape(tuple(first.shape))),
+                "page_shape": list(gc.host_page_shape[1:]),  # canonical RPA: no padding
                 "itemsize": first.dtype.itemsize,
             }
         )

@@ -119,8 +119,7 @@ class KVOffloader:
         max_bucket: int = 256,
         total_kv_heads: int | None = None,
     ) -> None:
-        caches = as_group_caches(config, caches)
-        check_caches(config, caches, total_kv_heads)
+        caches = check_caches(config, as_group_caches(config, caches), total_kv_heads)
         self._groups = {g.group_id: g for g in config.groups}
         self._num_blocks = {g: gc.num_blocks for g, gc in caches.items()}  # set_caches keeps it
         self._bpc = config.cache.blocks_per_chunk

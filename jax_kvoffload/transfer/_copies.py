@@ -21,6 +21,7 @@ from jax_kvoffload.hostmem import HostPool
 from jax_kvoffload.transfer._buckets import store_pieces
 from jax_kvoffload.transfer._caches import GroupCaches
 from jax_kvoffload.transfer._job_checks import CheckedTransfer
+from jax_kvoffload.transfer._rpa_pages import canonical_sharding, merge_into_pages, to_canonical
 from jax_kvoffload.transfer._sharded_io import distinct_shards, fetch_sharded
 from jax_kvoffload.transfer._staging import HostBuffers, bucket_for, replicated, to_host
 
@@ -85,6 +86,8 @@ class StagedCopies:
             for start, n in self._store_pieces(t):
                 ids = t.block_ids[start : start + n].astype(np.int32)
                 staging = pk.gather_blocks(gc.arrays, ids, layout=gc.layout, **self._kernel_kw)
+                if gc.relays:  # canonical RPA pages: per-shard padding dropped on device
+                    staging = to_canonical(gc.arrays, gc.canonical_kv_heads, staging)
                 staged.append((t.group, t, t.first_slot + start, staging))
         # The D2H copies of every piece in one device_put (one dispatch per job).
         hosts = to_host([s for *_, s in staged], [not self._put_host[g] for g, *_ in staged])
@@ -119,11 +122,15 @@ class StagedCopies:
         plan = []  # (group, ids, transfer, first slot, staging shape)
         for t in checked:
             gc = self._caches[t.group]
-            shape = (len(gc.arrays), *gc.layout.page_shape(tuple(gc.arrays[0].shape)))
+            shape = gc.host_page_shape if gc.relays else self._page(gc)
             for start, n in store_pieces(len(t.block_ids), self._bucket[t.group]):
                 ids = t.block_ids[start : start + n].astype(np.int32)
                 plan.append((t.group, ids, t, t.first_slot + start, (n, *shape)))
         return plan
+
+    @staticmethod
+    def _page(gc: GroupCaches) -> tuple[int, ...]:
+        return (len(gc.arrays), *gc.layout.page_shape(tuple(gc.arrays[0].shape)))
 
     def fetch(self, plan: LoadPlan, load: FetchedLoad) -> None:
         """Reads a load's rows onto the devices, appending each piece (worker thread).
@@ -140,7 +147,10 @@ class StagedCopies:
         pieces: list[tuple[int, np.ndarray, Any, list[np.ndarray]]] = []
         for group, ids, t, first, shape in plan:
             gc = self._caches[group]
-            sharding = pk.staging_sharding(gc.arrays, gc.layout)
+            if gc.relays:
+                sharding = canonical_sharding(gc.arrays, gc.layout)
+            else:
+                sharding = pk.staging_sharding(gc.arrays, gc.layout)
             device = sharding or replicated(gc.arrays[0].sharding)
             if self._pool.adopts_rows:
                 cuts = []
@@ -207,6 +217,10 @@ class StagedCopies:
             while load.applied < len(load.pieces):
                 group, ids, staging, buffers = load.pieces[load.applied]
                 gc = self._caches[group]
+                if gc.relays:  # the target's padding slots keep their bytes
+                    staging = merge_into_pages(
+                        gc.arrays, gc.layout, gc.canonical_kv_heads, ids, staging, self._kernel_kw
+                    )
                 # The scatter donates the old arrays: its result must be kept, or the
                 # group's caches are gone. The job core runs this with SIGINT held.
                 gc.arrays = pk.scatter_blocks(

@@ -21,7 +21,7 @@ from typing import Any
 import jax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from .layout import KVLayout
+from .layout import KVLayout, as_bits
 
 
 @dataclass(frozen=True)
@@ -153,6 +153,9 @@ def scatter_one_device_at_a_time(
     per_cache = [_shards(c) for c in caches]
     pieces: list[list[Any]] = [[] for _ in caches]
     axis = layout.block_axis
+    # Sliced as integers: an eager slice of a float array is an XLA:CPU copy that runs
+    # through f32 (fp8/bf16 NaN payloads quieted, issue 21); ``run`` takes the bits.
+    staging = as_bits(staging)
     for key, shards in per_cache[0].items():
         index = tuple(slice(*bounds) for bounds in key)
         page = (slice(None), slice(None), *index[:axis], *index[axis + 1 :])
