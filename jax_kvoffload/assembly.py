@@ -87,7 +87,7 @@ def engine_pages(caches: Mapping[int, GroupCaches]) -> list[dict[str, Any]]:
                 "page_format": gc.layout.page_format.value,
                 "kv_stacking": gc.layout.kv_stacking.value,
                 "arrays": len(gc.arrays),
-                "page_shape": list(gc.layout.page_shape(tuple(first.shape))),
+                "page_shape": list(gc.host_page_shape[1:]),  # canonical RPA: no padding
                 "itemsize": first.dtype.itemsize,
             }
         )
@@ -121,8 +121,8 @@ def open_tiers(
             opened.append(open_tier(tier, namespace, describe=describe))
             logger.info("secondary tier %d: %s", i, type(opened[-1]).__name__)
     except BaseException:  # on any exit: the tiers opened so far are closed
-        for tier in reversed(opened):
-            tier.close()
+        for opened_tier in reversed(opened):
+            opened_tier.close()
         raise
     return tuple(opened)
 

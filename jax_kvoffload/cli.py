@@ -135,6 +135,7 @@ def _demo_config(args: argparse.Namespace):
         ffn_dim=args.ffn_dim,
         rope=not args.no_rope,
         seed=args.seed,
+        cache_layout=args.layout,
     )
     sizes = dict(
         block_size=args.block_size,
@@ -167,6 +168,12 @@ def _add_demo(commands: argparse._SubParsersAction) -> None:
     sizes.add_argument("--vocab", type=int, default=1024, help="vocabulary size (1024)")
     sizes.add_argument("--no-rope", action="store_true", help="no rotary embeddings")
     sizes.add_argument("--seed", type=int, default=0, help="weights and prompts seed (0)")
+    sizes.add_argument(
+        "--layout",
+        choices=("nhd", "rpa"),
+        default="nhd",
+        help="KV cache layout: nhd, or rpa (tpu-inference's ragged-paged-attention v3)",
+    )
     scenario = demo.add_argument_group("scenario")
     scenario.add_argument("--block-size", type=int, default=16, help="tokens per block (16)")
     scenario.add_argument(
@@ -231,7 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("file", help='JSON file: {"engine": {...}, "kv_cache": {...}}')
     explain.add_argument("--json", action="store_true", help="machine-readable output")
     explain.set_defaults(func=_config_explain, subparser=explain)
-    config.set_defaults(func=lambda _args: (config.print_help(), 0)[1])
+    config.set_defaults(func=lambda _args: (config.print_help(), 0)[1])  # type: ignore[func-returns-value]
 
     bench = commands.add_parser(
         "bench",

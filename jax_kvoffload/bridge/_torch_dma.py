@@ -1,8 +1,8 @@
 """The torch worker's copy-engine path: device blocks <-> host slots, no host memcpy.
 
-The host pool's slots are one allocation (`HostChunkPool` over a buffer; pinned with
-`torch.empty(..., pin_memory=True)` when CUDA is there, an ordinary tensor on CPU), so
-a slot range is a torch view the copy engine writes and reads directly:
+The host pool's slots are one allocation (`HostChunkPool` over a buffer; page-locked
+once with `cudaHostRegister` when CUDA is there (`page_lock`), ordinary memory on CPU),
+so a slot range is a torch view the copy engine writes and reads directly:
 
 - **store**: one gather per move (`index_select` of the blocks' leading bytes, on the
   device, into a staging tensor), then one D2H copy per contiguous run of slots, from
@@ -22,6 +22,7 @@ stay): its bytes go through a staging tensor in host memory and `write_blocks` /
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -32,7 +33,56 @@ from jax_kvoffload.bridge._tensor_bytes import TensorBytes
 from jax_kvoffload.bridge._torch_streams import CopyEvent, CopyStream
 from jax_kvoffload.hostmem import HostChunkPool
 
-__all__ = ["SlotDMA", "slot_runs"]
+__all__ = ["SlotDMA", "page_lock", "page_unlock", "slot_runs"]
+
+logger = logging.getLogger(__name__)
+
+
+def page_lock(pool: HostChunkPool) -> list[int]:
+    """Page-locks the rows of the pool (the worker's own slots, or a shared region's), so
+    that its copies are DMA without the driver's staging; returns the registered
+    addresses (`page_unlock` them at shutdown). The groups' rows are registered as one
+    range where they touch (CUDA refuses a page registered twice). Best effort: a
+    refusal is logged and the copies stay correct, staged by the driver (untested on
+    hardware)."""
+    import torch
+
+    spans: list[list[int]] = []
+    for start, size in sorted(
+        (pool.flat(t).ctypes.data, pool.flat(t).nbytes) for t in pool.bytes_per_block
+    ):
+        if size == 0:
+            continue
+        if spans and spans[-1][0] + spans[-1][1] == start:
+            spans[-1][1] += size
+        else:
+            spans.append([start, size])
+    cudart = torch.cuda.cudart()
+    done = []
+    for start, size in spans:
+        err = cudart.cudaHostRegister(start, size, 0)
+        if int(err) != 0:
+            logger.warning(
+                "could not page-lock %d bytes of host slots at %#x: %s; their copies are "
+                "staged by the CUDA driver",
+                size,
+                start,
+                err,
+            )
+            continue
+        done.append(start)
+    return done
+
+
+def page_unlock(addresses: list[int]) -> None:
+    """Undoes `page_lock` (nothing to do for an empty list: torch is not asked)."""
+    if not addresses:
+        return
+    import torch
+
+    cudart = torch.cuda.cudart()
+    for address in addresses:
+        cudart.cudaHostUnregister(address)
 
 
 def slot_runs(slots: np.ndarray) -> list[tuple[int, int, int]]:
@@ -95,7 +145,10 @@ class SlotDMA:
 
     def _ids(self, m: TensorMove, a: int, b: int, device: Any) -> Any:
         ids = self._torch.as_tensor(np.asarray(m.block_ids[a:b], dtype=np.int64))
-        return ids if device.type == "cpu" else ids.to(device, non_blocking=True)
+        if device.type == "cpu":
+            return ids
+        # From pinned memory: an asynchronous copy (pageable would wait for the stream).
+        return (ids.pin_memory() if self._pinned else ids).to(device, non_blocking=True)
 
     def _host(self, n: int, width: int) -> Any:
         return self._torch.empty((n, width), dtype=self._torch.uint8, pin_memory=self._pinned)

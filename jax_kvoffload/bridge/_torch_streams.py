@@ -79,7 +79,7 @@ class CudaStream:
 
     def wait(self, event: CopyEvent | None) -> None:
         if event is not None:
-            self.stream.wait_event(event)
+            self.stream.wait_event(event)  # type: ignore[arg-type]  # a torch.cuda.Event
 
     def record(self) -> CopyEvent:
         event = self._torch.cuda.Event()

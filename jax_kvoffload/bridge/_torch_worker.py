@@ -7,8 +7,8 @@ host slot holds only the widest unpadded page of its tensor. `transfer_size` is 
 count (every ref's unpadded page; a canonical store: the bytes this rank wrote).
 
 Accelerator tensors take the copy-engine path (`_torch_dma`, `dma=True` forces it on
-CPU): the host slots are one pinned allocation (`torch.empty(..., pin_memory=True)`
-when CUDA is there), a store gathers its blocks on the device and copies them D2H
+CPU): the host slots are one allocation, page-locked once when CUDA is there
+(`cudaHostRegister`), a store gathers its blocks on the device and copies them D2H
 straight into their slots, one copy per contiguous run of slots, a load copies the runs
 H2D and scatters them with `index_copy_` into vLLM's own tensor; all on the lane's own
 stream, after an event of the caller's stream, and the job ends when its event
@@ -35,17 +35,18 @@ timing, tally, the report-once bookkeeping) are the transfer engine's job core
 from __future__ import annotations
 
 import logging
+import mmap
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
 import pallas_kernels as pk
 from jax_kvoffload.bridge._job_plan import JobSpecError, TensorMove, int_ids, plan_job
 from jax_kvoffload.bridge._tensor_bytes import TensorBytes, UnitRows
-from jax_kvoffload.bridge._torch_dma import SlotDMA
+from jax_kvoffload.bridge._torch_dma import SlotDMA, page_lock, page_unlock
 from jax_kvoffload.bridge._torch_streams import copy_stream, submit_event
 from jax_kvoffload.errors import KVOffloadStateError, KVOffloadTypeError
 from jax_kvoffload.hostmem import HostChunkPool, HostPool, build_host_pool
@@ -86,14 +87,14 @@ def _sync_device(device: Any) -> None:
         torch.accelerator.synchronize(device)
 
 
-def _slot_memory(num_chunks: int, widths: dict[int, int], bpc: int, pinned: bool) -> np.ndarray:
-    """The host slots of the copy-engine path: one allocation, page-locked when CUDA is
-    there (`pin_memory=True`: the copy engine reads and writes it without staging), an
-    ordinary zeroed tensor otherwise; as the numpy buffer of a `HostChunkPool`."""
-    import torch
-
+def _slot_memory(num_chunks: int, widths: dict[int, int], bpc: int) -> np.ndarray:
+    """The host slots of the copy-engine path on CUDA: one anonymous mapping of exactly
+    the pool's bytes (zeroed, page-aligned), page-locked once by `page_lock`. Not
+    `torch.empty(..., pin_memory=True)`: torch's caching host allocator rounds a pinned
+    block up to the next power of two (pytorch/pytorch#150517: a 65 GiB pool would pin
+    128 GiB)."""
     nbytes = HostChunkPool.nbytes_for(num_chunks, widths, bpc)
-    return torch.zeros(max(1, nbytes), dtype=torch.uint8, pin_memory=pinned).numpy()[:nbytes]
+    return np.frombuffer(mmap.mmap(-1, max(1, nbytes)), dtype=np.uint8)[:nbytes]
 
 
 def host_widths(group_refs: Sequence[Sequence[tuple[int, int]]]) -> dict[int, int]:
@@ -146,7 +147,7 @@ class TorchKVWorker:
         slots and H2D straight from them, on the worker's own streams): None (default)
         for accelerator tensors unless `store_kernel=True`; True forces it on CPU too
         (tests count its host copies there). Needs a `HostChunkPool` (the private
-        pool, pinned when CUDA is available, or a shared region's).
+        pool or a shared region's; page-locked once when CUDA is available).
       pool: host pool to use instead of a private `HostChunkPool` (a shared region's, or
         a `CanonicalPoolView`); its `bytes_per_block[t]` must be `widths[t]`.
       on_shutdown: called once after `shutdown` has drained every job (e.g. to unmap a
@@ -215,8 +216,10 @@ class TorchKVWorker:
                 f"{type(pool).__name__} (use dma=None)"
             )
         pinned = bool(dma) and any(d.type == "cuda" for d in devices)
+        self._locked: list[int] = []  # addresses of a given pool we page-locked
+        buffer = None
         if pool is None:
-            buffer = _slot_memory(num_chunks, self.widths, self._bpc, pinned) if dma else None
+            buffer = _slot_memory(num_chunks, self.widths, self._bpc) if pinned else None
             pool, _ = build_host_pool(num_chunks, self.widths, self._bpc, buffer=buffer)
         elif not isinstance(pool, HostPool):
             raise KVOffloadTypeError(
@@ -237,6 +240,8 @@ class TorchKVWorker:
         self._dma = None
         if dma:
             assert isinstance(pool, HostChunkPool)
+            if pinned:  # page-locked once: the copy engine reads and writes it directly
+                self._locked = page_lock(pool)
             self._dma = SlotDMA(self._geo, pool, pinned=pinned, max_staging_bytes=max_staging_bytes)
         # One copy stream per lane and device (vLLM: one per handler).
         self._streams = {lane: {d: copy_stream(d) for d in devices} for lane in _LANES}
@@ -267,14 +272,11 @@ class TorchKVWorker:
             for m in moves
         ]
         if moves and None not in written:  # vLLM counts what this rank writes (canonical)
-            size = sum(m.refs * w for m, w in zip(moves, written, strict=True))
+            size = sum(m.refs * w for m, w in zip(moves, cast("list[int]", written), strict=True))
         if self._refused(job_id, size, store=True):
             return True
         if self._dma is not None:
-            ready = self._submit_events(moves)
-            streams = self._streams["store"]
-            work = lambda: self._dma.store(moves, streams, ready)  # noqa: E731
-            self._core.submit(job_id, "store", work, size)
+            self._submit_copies(job_id, "store", moves, size)
             return True
         for device in {self._geo[m.tensor].device for m in moves}:
             _sync_device(device)
@@ -296,11 +298,9 @@ class TorchKVWorker:
             return True
         lane = "expedited" if expedited else "load"
         if self._dma is not None:
-            ready, streams = self._submit_events(moves), self._streams[lane]
-            work = lambda: self._dma.load(moves, streams, ready)  # noqa: E731
+            self._submit_copies(job_id, lane, moves, size)
         else:
-            work = lambda: self._run_load(moves)  # noqa: E731
-        self._core.submit(job_id, lane, work, size)
+            self._core.submit(job_id, lane, lambda: self._run_load(moves), size)
         return True
 
     def get_finished(self) -> list[Any]:
@@ -331,6 +331,8 @@ class TorchKVWorker:
         self._core.close(complete=False)
         if not self._shut_down:
             self._shut_down = True
+            locked, self._locked = self._locked, []
+            page_unlock(locked)  # before on_shutdown unmaps the memory
             if self._on_shutdown is not None:
                 self._on_shutdown()
 
@@ -373,10 +375,21 @@ class TorchKVWorker:
                 seen.update(m.block_ids)
         return moves, size
 
-    def _submit_events(self, moves: list[TensorMove]) -> dict[Any, Any]:
-        """Per device of the job, an event on the caller's current stream now: the
-        job's copies run after the engine's work issued so far (never a host sync)."""
-        return {d: submit_event(d) for d in {self._geo[m.tensor].device for m in moves}}
+    def _submit_copies(self, job_id: int, lane: str, moves: list[TensorMove], size: int) -> None:
+        """Queues a job of the copy-engine path on `lane`. Per device of the job an event
+        is recorded on the caller's current stream now: the job's copies run after the
+        engine's work issued so far, and nothing here waits for the device."""
+        dma = self._dma
+        assert dma is not None
+        try:
+            devices = {self._geo[m.tensor].device for m in moves}
+            ready = {d: submit_event(d) for d in devices}
+        except Exception as exc:  # e.g. a CUDA error: the job fails, reported
+            self._core.fail(job_id, lane, exc, size)
+            return
+        streams = self._streams[lane]
+        run = dma.store if _LANES[lane] is Direction.STORE else dma.load
+        self._core.submit(job_id, lane, lambda: run(moves, streams, ready), size)
 
     def _refused(self, job_id: int, size: int, store: bool) -> bool:
         """Ends the job as a failure while `not_ready` gives a reason (logged)."""

@@ -19,11 +19,17 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from jax_kvoffload.config import CanonicalLayoutError, OffloadingConfig
 from jax_kvoffload.config.canonical import CanonicalPageMapping, CopyRun
-from jax_kvoffload.hostmem import HostPool, SharedHostRegion, SharedRows, build_host_pool
+from jax_kvoffload.hostmem import (
+    HostChunkPool,
+    HostPool,
+    SharedHostRegion,
+    SharedRows,
+    build_host_pool,
+)
 
 if TYPE_CHECKING:
     from jax_kvoffload.transfer import CanonicalPoolView
@@ -175,7 +181,8 @@ def canonical_worker_pool(
         sum(rows.values()),
         portable,
     )
-    return CanonicalPoolView(pool, plans), region
+    # `_pool` builds a numpy pool (a HostChunkPool), the only kind a view goes over.
+    return CanonicalPoolView(cast(HostChunkPool, pool), plans), region
 
 
 def shared_direct_pool(

@@ -117,7 +117,7 @@ def build_spec_classes() -> dict[str, type]:
                 for group in kv_caches.group_data_refs
             ]
             pool = region = None
-            sizes = {
+            sizes: dict[str, Any] = {
                 "num_chunks": num_chunks,
                 "blocks_per_chunk": blocks_per_chunk,
                 "widths": host_widths(refs),

@@ -103,7 +103,7 @@ def build_primary_class() -> type:
 
     from jax_kvoffload.bridge._vllm_manager import build_manager_class
 
-    class JaxPrimaryTier(build_manager_class()):
+    class JaxPrimaryTier(build_manager_class()):  # type: ignore[misc]  # a class made at run time
         """Our `HostStore` as the primary tier of vLLM's `TieringOffloadingManager`.
 
         `prepare_read` / `complete_read` pin and unpin chunks a tier reads (a cascade),

@@ -28,6 +28,9 @@ Progress = Callable[[str, int, int], None]
 """`progress(step_name, done, total)`: `done=0` as a step starts (long steps), then after
 each unit of work (a model step of a prefill, a role's process)."""
 
+#: The demo model's cache layouts (`DemoModelConfig.cache_layout`, `--layout`).
+CACHE_LAYOUTS = ("nhd", "rpa")
+
 #: How long `check_tiers` waits for a Redis server to accept a connection.
 CONNECT_TIMEOUT_S = 2.0
 
@@ -56,9 +59,16 @@ class DemoModelConfig:
     rope: bool = True
     rope_theta: float = 10000.0
     seed: int = 0
+    #: "nhd": `[num_blocks, 2, block_size, kv_heads, head_dim]`; "rpa": tpu-inference's
+    #: ragged-paged-attention v3 cache (docs/tpu_inference.md, "The demo").
+    cache_layout: str = "nhd"
 
     def __post_init__(self) -> None:
         _positive(self, ("vocab_size", "num_layers", "num_heads", "num_kv_heads", "head_dim"))
+        if self.cache_layout not in CACHE_LAYOUTS:
+            raise DemoConfigError(
+                f"cache_layout={self.cache_layout!r}: use one of {CACHE_LAYOUTS} (--layout)"
+            )
         if self.ffn_dim < 1:
             raise DemoConfigError(f"ffn_dim={self.ffn_dim!r} must be a positive int")
         if self.num_heads % self.num_kv_heads:
@@ -135,7 +145,7 @@ def check_kernel_backend(name: object) -> None:
     import pallas_kernels as pk
 
     try:
-        record = pk.get_backend(name)
+        record = pk.get_backend(name)  # type: ignore[arg-type]  # not a str: TypeError
     except (TypeError, pk.BackendUnavailableError) as exc:
         raise DemoConfigError(f"kernel_backend={name!r}: {exc}") from None
     runs = ("auto", *pk.supported_backends())

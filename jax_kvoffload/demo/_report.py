@@ -75,6 +75,7 @@ def format_summary(s: dict) -> str:
         ),
         (
             "KV cache",
+            f"{m.get('cache_layout', 'nhd').upper()} layout, "
             f"block {sc['block_size']} tokens = {_size(s['block_bytes'])}, "
             f"{sc['blocks_per_chunk']} blocks per chunk, host pool {s['host']['chunks']} "
             f"chunks ({_size(s['host']['bytes'])})",

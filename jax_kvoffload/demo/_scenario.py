@@ -22,7 +22,7 @@ import numpy as np
 from jax_kvoffload.demo._config import ScenarioConfig, tier_entry
 from jax_kvoffload.demo._model import DemoTransformer
 from jax_kvoffload.demo._serving import (
-    CACHE_LAYOUT,
+    CACHE_LAYOUTS,
     PagedServer,
     Progress,
     Request,
@@ -48,17 +48,21 @@ def build_offloader(cfg: ScenarioConfig, num_blocks: int):
     )
 
     m = cfg.model
-    caches = empty_caches(m.num_layers, num_blocks, cfg.block_size, m.num_kv_heads, m.head_dim)
-    group = GroupCaches(caches, CACHE_LAYOUT)
+    caches = empty_caches(
+        m.num_layers, num_blocks, cfg.block_size, m.num_kv_heads, m.head_dim, m.cache_layout
+    )
+    group = GroupCaches(caches, CACHE_LAYOUTS[m.cache_layout])
     # Room for the warm-up's chunks and A's, twice over: nothing is evicted in the demo.
     budget = 4 * (cfg.prompt_blocks + cfg.blocks_per_chunk) * group.block_bytes
     spec = FullAttentionSpec(
         block_size=cfg.block_size, num_kv_heads=m.num_kv_heads, head_size=m.head_dim,
-        dtype="float32",
+        dtype="float32",  # type: ignore[arg-type]  # a name: as_dtype
     )  # fmt: skip
     engine = EngineConfig(
         model_config=ModelConfig(
-            model="jax-kvoffload-demo", dtype="float32", total_num_kv_heads=m.num_kv_heads
+            model="jax-kvoffload-demo",
+            dtype="float32",  # type: ignore[arg-type]  # a name: as_dtype
+            total_num_kv_heads=m.num_kv_heads,
         ),
         cache_config=CacheConfig(block_size=cfg.block_size),
         kv_transfer_config=KVTransferConfig(
@@ -113,7 +117,7 @@ def _run(cfg: ScenarioConfig, report: Progress, progress: Progress | None, log: 
     # C holds A's old blocks while B and R run: three sequences at once, plus slack.
     off = build_offloader(cfg, num_blocks=3 * per_seq + cfg.blocks_per_chunk)
     server = PagedServer(model, off, block_size=bs, max_blocks_per_seq=per_seq)
-    block_bytes = GroupCaches(off.caches(), CACHE_LAYOUT).block_bytes
+    block_bytes = GroupCaches(off.caches(), CACHE_LAYOUTS[cfg.model.cache_layout]).block_bytes
     report("build model", 1, 1)
     try:
         # 1. warm-up: one round trip of the same block count, then forget it.

@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict
+from typing import Any
 
 from jax_kvoffload.demo._config import Progress, ScenarioConfig
 
@@ -50,10 +51,12 @@ def _run_role(
         stderr=subprocess.PIPE,
         text=True,
     )
+    assert proc.stdout is not None and proc.stderr is not None  # both piped
+    err_pipe = proc.stderr
     tail: collections.deque[str] = collections.deque(maxlen=5)
 
     def read_stderr() -> None:
-        for line in proc.stderr:
+        for line in err_pipe:
             tail.append(line.rstrip("\n"))
             if relay is not None:
                 relay(f"    [{role}] {line.rstrip()}")
@@ -97,7 +100,7 @@ def run_two_process(
     """
     report = progress or (lambda *_: None)
     wall = time.perf_counter()
-    runs = []
+    runs: list[dict[str, Any]] = []
     for tier in cfg.tiers:
         step = f"writer {tier}"
         report(step, 0, 1)

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 
 from jax_kvoffload.hostmem import HostCopies
 from jax_kvoffload.stats import OffloadStats, TierSource, TransferTally, store_side
+from jax_kvoffload.transfer import TransferResult
 
 __all__ = ["OffloaderAccounting"]
 
@@ -56,7 +57,7 @@ class OffloaderAccounting:
             self._hit_tokens += hit_chunks * self._bpc * tokens
             self._prefix_hit_tokens += prefix_blocks * tokens
 
-    def on_job(self, store: bool, result: object) -> None:
+    def on_job(self, store: bool, result: TransferResult) -> None:
         """One reported `TransferResult` (`store`: its direction is device -> host)."""
         self.transfers.record(store, result.success, result.size_bytes, result.seconds)
 

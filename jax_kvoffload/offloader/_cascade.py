@@ -34,12 +34,13 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
+from typing import cast
 
 from jax_kvoffload._log_once import log_once
 from jax_kvoffload.errors import KVOffloadStateError
 from jax_kvoffload.hostmem import HostPool
 from jax_kvoffload.offloader._tier_stats import TierCounts
-from jax_kvoffload.store import HostStore, LookupResult
+from jax_kvoffload.store import HostStore, LookupResult, OffloadKey
 from jax_kvoffload.tiers import SecondaryTier, TierBufferSizeError, TierJobResult
 
 __all__ = ["LookupPlan", "PromotionMissError", "TierPath", "prefix_chunks"]
@@ -58,7 +59,7 @@ class LookupPlan:
     """What a lookup found (`TierPath.plan_lookup`): the host's hits, the tier holding
     each key the host lacks, the prefix counted, and the promotions its load needs."""
 
-    keys: list[bytes]
+    keys: list[OffloadKey]
     window: int | None
     host: list[bool]  # HIT in the host now
     need: range  # the chunks a load of the counted prefix reads
@@ -71,15 +72,18 @@ class LookupPlan:
 class _TierJob:
     tier: int
     group: int
-    keys: list[bytes]
+    keys: list[OffloadKey]
     generation: int
     future: Future[TierJobResult]
     promotion: bool
     # Promotions: the host chunk of each key, and the load jobs (offloader ids)
     # waiting for keys; each gets its keys pinned for it when the promotion is recorded.
-    chunks: dict[bytes, int] = field(default_factory=dict)
-    holders: dict[int, list[bytes]] = field(default_factory=dict)
+    chunks: dict[OffloadKey, int] = field(default_factory=dict)
+    holders: dict[int, list[OffloadKey]] = field(default_factory=dict)
     steps: set[str] = field(default_factory=set)  # store calls of `_finish` already made
+
+
+PromotionWait = tuple[_TierJob, list[OffloadKey]]  # a load's wait: a promotion, its keys
 
 
 class TierPath:
@@ -98,10 +102,10 @@ class TierPath:
         self._store = store
         self._pool = pool
         self._jobs: list[_TierJob] = []
-        self._pinned: dict[int, list[bytes]] = {}  # load id -> keys promotions pinned for it
-        self._pending: dict[bytes, _TierJob] = {}  # key -> its promotion in flight
+        self._pinned: dict[int, list[OffloadKey]] = {}  # load id -> keys promotions pinned for it
+        self._pending: dict[OffloadKey, _TierJob] = {}  # key -> its promotion in flight
         self._held_until: Callable[[], bool] | None = None
-        self._orphans: list[tuple[int, str, list[bytes]]] = []  # (generation, kind, keys)
+        self._orphans: list[tuple[int, str, list[OffloadKey]]] = []  # (generation, kind, keys)
         self.counts = TierCounts([tier.medium for tier in self.tiers])
 
     # -- queries ------------------------------------------------------------------------
@@ -110,11 +114,11 @@ class TierPath:
     def in_flight(self) -> int:
         return len(self._jobs)
 
-    def promotion_of(self, key: bytes) -> _TierJob | None:
+    def promotion_of(self, key: OffloadKey) -> _TierJob | None:
         """The promotion in flight for `key`, if any."""
         return self._pending.get(key)
 
-    def host_state(self, key: bytes) -> LookupResult:
+    def host_state(self, key: OffloadKey) -> LookupResult:
         """The host's answer for `key`, without counting a lookup in the store's stats
         (the offloader's own checks are not the engine's lookups)."""
         chunk = self._store.policy.get(key)
@@ -135,7 +139,7 @@ class TierPath:
 
     # -- lookups --------------------------------------------------------------------------
 
-    def locate(self, keys: Sequence[bytes]) -> list[int | None]:
+    def locate(self, keys: Sequence[OffloadKey]) -> list[int | None]:
         """For each key, the index of the first tier holding it now, or None."""
         where: list[int | None] = [None] * len(keys)
         todo = list(range(len(keys)))
@@ -155,7 +159,7 @@ class TierPath:
             todo = [i for i, hit in zip(todo, found, strict=True) if not hit]
         return where
 
-    def plan_lookup(self, keys: list[bytes], window: int | None) -> LookupPlan:
+    def plan_lookup(self, keys: list[OffloadKey], window: int | None) -> LookupPlan:
         """Counts the longest prefix (`prefix_chunks`) present in the host, in a promotion
         in flight, or in a tier (asked now: bounded calls), and which of its chunks a
         load needs promoted. Changes nothing but lookup counts."""
@@ -217,7 +221,7 @@ class TierPath:
 
     # -- cascades -------------------------------------------------------------------------
 
-    def cascade(self, group: int, keys: list[bytes]) -> None:
+    def cascade(self, group: int, keys: list[OffloadKey]) -> None:
         """Hands the chunks of a completed store to every tier (pinned meanwhile)."""
         store = self._store
         for t, tier in enumerate(self.tiers):
@@ -242,8 +246,8 @@ class TierPath:
     # -- promotions -----------------------------------------------------------------------
 
     def promote(
-        self, group: int, keys: list[bytes], tier_of: list[int], protect: list[bytes]
-    ) -> list[bytes]:
+        self, group: int, keys: list[OffloadKey], tier_of: list[int], protect: list[OffloadKey]
+    ) -> list[OffloadKey]:
         """Starts loading `keys` from their tiers into new host chunks.
 
         `protect`: keys the caller counts on staying in the host (offered alongside, so
@@ -251,7 +255,7 @@ class TierPath:
         """
         # Each key once: the store allocates a chunk per key offered, and only one of
         # two chunks under a key could ever be filled (the other stays write-pending).
-        first: dict[bytes, int] = {}
+        first: dict[OffloadKey, int] = {}
         for k, t in zip(keys, tier_of, strict=True):
             first.setdefault(k, t)
         keys, tier_of = list(first), list(first.values())
@@ -265,7 +269,7 @@ class TierPath:
             return []
         chunk_of = dict(zip(out.keys_to_store, out.chunk_ids, strict=True))
         unsent = dict.fromkeys(out.keys_to_store)  # allocated, not yet with a tier
-        started: list[bytes] = []
+        started: list[OffloadKey] = []
         try:
             for t in sorted(set(tier_of)):
                 mine = [k for k, x in zip(keys, tier_of, strict=True) if x == t and k in unsent]
@@ -280,8 +284,8 @@ class TierPath:
         return started
 
     def _submit_promotion(
-        self, t: int, group: int, keys: list[bytes], chunk_of: dict[bytes, int]
-    ) -> list[bytes]:
+        self, t: int, group: int, keys: list[OffloadKey], chunk_of: dict[OffloadKey, int]
+    ) -> list[OffloadKey]:
         """Hands `keys` (write-pending chunks) to tier `t`; on failure frees them."""
         store = self._store
         try:
@@ -300,11 +304,11 @@ class TierPath:
             self._pending[k] = job
         return list(keys)
 
-    def hold(self, job: _TierJob, load_id: int, keys: list[bytes]) -> None:
+    def hold(self, job: _TierJob, load_id: int, keys: list[OffloadKey]) -> None:
         """Load `load_id` waits for `keys` of promotion `job` (pinned for it at the end)."""
         job.holders.setdefault(load_id, []).extend(keys)
 
-    def release_load(self, load_id: int) -> list[bytes]:
+    def release_load(self, load_id: int) -> list[OffloadKey]:
         """Load `load_id` ended: promotions still in flight no longer pin for it.
         Returns the keys they pinned for it (the caller unpins them with its own)."""
         for job in self._jobs:
@@ -312,7 +316,7 @@ class TierPath:
         return self._pinned.pop(load_id, [])
 
     @staticmethod
-    def check_loaded(jobs: Sequence[tuple[_TierJob, list[bytes]]]) -> None:
+    def check_loaded(jobs: Sequence[PromotionWait]) -> None:
         """Raises if one of the keys a load needs missed its promotion (worker thread)."""
         for job, keys in jobs:
             result = _job_result(job.future)
@@ -434,7 +438,7 @@ def prefix_chunks(present: Sequence[bool], window: int | None) -> int:
     return 0
 
 
-def _job_result(future: Future) -> TierJobResult:
+def _job_result(future: Future[TierJobResult]) -> TierJobResult:
     """A tier job's result; a buffer of the wrong length (another geometry's entry under
     a key of ours) is logged once and its keys are misses, the others as they ended."""
     try:
@@ -442,4 +446,4 @@ def _job_result(future: Future) -> TierJobResult:
     except TierBufferSizeError as e:
         # Debug after the first: it recurs for every such key and says nothing new.
         log_once(logger, "tier-size", "secondary tier: %s; such keys are misses", e)
-        return e.result
+        return cast(TierJobResult, e.result)  # set before the future raises

@@ -20,7 +20,7 @@ from jax_kvoffload.config.internals import as_dtype
 from jax_kvoffload.errors import KVOffloadError, KVOffloadTypeError, KVOffloadValueError
 from jax_kvoffload.hostmem.internals import check_index, check_indices
 from jax_kvoffload.tiers import SecondaryTier
-from jax_kvoffload.transfer import GroupCaches, check_global_caches
+from jax_kvoffload.transfer import GroupCaches, canonical_group_caches
 from jax_kvoffload.transfer.internals import check_distinct
 
 
@@ -71,8 +71,9 @@ def _named_caches(config: OffloadingConfig, arrays: Sequence[Any]) -> GroupCache
 
 def check_caches(
     config: OffloadingConfig, caches: dict[int, GroupCaches], total_kv_heads: int | None
-) -> None:
-    """Refuses caches that contradict the config (groups, layers, dtype, block tokens)."""
+) -> dict[int, GroupCaches]:
+    """Refuses caches that contradict the config (groups, layers, dtype, block tokens);
+    returns them, as groups with canonical host pages when the config asks for those."""
     groups = {g.group_id: g for g in config.groups}
     unknown = sorted(set(caches) - set(groups))
     missing = sorted(set(groups) - set(caches))
@@ -87,7 +88,8 @@ def check_caches(
         _check_tokens(g, gc, groups[g].tokens_per_block, config.parallel.dcp_size)
     check_distinct([a for gc in caches.values() for a in gc.arrays], "caches (all groups)")
     if config.canonical_layout:
-        _check_canonical(caches, total_kv_heads)
+        return _check_canonical(caches, total_kv_heads)
+    return caches
 
 
 def _check_layers(g: int, gc: GroupCaches, layers: tuple[str, ...]) -> None:
@@ -146,7 +148,9 @@ def _check_tokens(g: int, gc: GroupCaches, tokens_per_block: int, dcp: int) -> N
         )
 
 
-def _check_canonical(caches: Mapping[int, GroupCaches], total_kv_heads: object) -> None:
+def _check_canonical(
+    caches: Mapping[int, GroupCaches], total_kv_heads: object
+) -> dict[int, GroupCaches]:
     if total_kv_heads is None:
         raise OffloaderError(
             "canonical_layout is set: pass total_kv_heads= (the model's KV heads) so the "
@@ -154,11 +158,13 @@ def _check_canonical(caches: Mapping[int, GroupCaches], total_kv_heads: object) 
             "canonical pages; or drop 'canonical_layout' from the extra config"
         )
     heads = check_index("total_kv_heads", total_kv_heads)
+    out = {}
     for g, gc in caches.items():
         try:
-            check_global_caches(gc, heads)
+            out[g] = canonical_group_caches(gc, heads)
         except KVOffloadValueError as e:
             raise OffloaderError(f"group {g}: {e}") from e
+    return out
 
 
 def check_hashes(block_hashes: object) -> Sequence[bytes]:

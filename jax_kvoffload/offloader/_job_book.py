@@ -15,13 +15,14 @@ import logging
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 from jax_kvoffload.errors import KVOffloadTypeError
 from jax_kvoffload.hostmem.internals import check_index
 from jax_kvoffload.offloader._accounting import OffloaderAccounting
-from jax_kvoffload.offloader._cascade import TierPath
+from jax_kvoffload.offloader._cascade import PromotionWait, TierPath
 from jax_kvoffload.offloader._checks import OffloaderError
-from jax_kvoffload.store import HostStore
+from jax_kvoffload.store import HostStore, OffloadKey
 from jax_kvoffload.transfer import Direction, TransferEngine, TransferResult
 
 __all__ = ["Job", "JobBook"]
@@ -33,10 +34,11 @@ logger = logging.getLogger(__name__)
 class Job:
     direction: Direction
     group: int
-    keys: list[bytes]  # a store's keys; a load's pinned keys (unpinned when it ends)
+    keys: list[OffloadKey]  # a store's keys; a load's pinned keys (unpinned when it ends)
     generation: int  # the store's; a reset since means the keys are gone
     visible: bool = True  # False: the call that made it raised; settled silently
-    waits: list = field(default_factory=list)  # a load's promotions: (tier job, keys)
+    # a load's promotions: (tier job, keys)
+    waits: list[PromotionWait] = field(default_factory=list)
     released: bool = False  # the store was told (an interrupt after it: not twice)
 
 
@@ -108,7 +110,13 @@ class JobBook:
 
     # -- a job's life ---------------------------------------------------------------------
 
-    def record(self, direction: Direction, g: int, keys: list[bytes], waits: Sequence = ()) -> int:
+    def record(
+        self,
+        direction: Direction,
+        g: int,
+        keys: list[OffloadKey],
+        waits: Sequence[PromotionWait] = (),
+    ) -> int:
         """A new job of `keys` (a store's, or a load's pinned keys); `waits`: a load's
         promotions, as (tier job, keys) pairs. Returns its id."""
         job = next(self._ids)
@@ -132,8 +140,9 @@ class JobBook:
         """Tells the store a job's keys are done with (unless a reset forgot them); a
         stored chunk then cascades to the tiers."""
         if record.waits:
-            self._tiers.process([j for j, _ in record.waits])  # pins the keys it waited for
-            record.keys.extend(self._tiers.release_load(job_id))
+            tiers = cast(TierPath, self._tiers)  # only a tier path gives a job waits
+            tiers.process([j for j, _ in record.waits])  # pins the keys it waited for
+            record.keys.extend(tiers.release_load(job_id))
         if record.generation != self._store.cache_generation or record.released:
             return
         if record.direction is Direction.STORE:

@@ -30,7 +30,7 @@ with SIGINT held, `deferred_interrupts`); the parts it calls hold no signal them
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import jax
 import numpy as np
@@ -56,7 +56,7 @@ from jax_kvoffload.offloader._job_book import JobBook
 from jax_kvoffload.offloader._load_plan import locate_missing, prepare_load
 from jax_kvoffload.offloader._tier_stats import TierPathStats
 from jax_kvoffload.stats import OffloadStats
-from jax_kvoffload.store import LookupResult, make_offload_key
+from jax_kvoffload.store import LookupResult, OffloadKey, make_offload_key
 from jax_kvoffload.tiers import SecondaryTier, namespace_digest
 from jax_kvoffload.transfer import (
     Direction,
@@ -124,8 +124,7 @@ class KVOffloader:
         max_bucket: int = 256,
         total_kv_heads: int | None = None,
     ) -> None:
-        caches = as_group_caches(config, caches)
-        check_caches(config, caches, total_kv_heads)
+        caches = check_caches(config, as_group_caches(config, caches), total_kv_heads)
         self._groups = {g.group_id: g for g in config.groups}
         self._num_blocks = {g: gc.num_blocks for g, gc in caches.items()}  # set_caches keeps it
         self._bpc = config.cache.blocks_per_chunk
@@ -439,7 +438,7 @@ class KVOffloader:
     # -- internals: jobs ----------------------------------------------------------------
 
     def _start_store(
-        self, g: int, keys: list[bytes], ids: list[list[int]], offered: list[bytes]
+        self, g: int, keys: list[OffloadKey], ids: list[list[int]], offered: list[OffloadKey]
     ) -> int | None:
         job = None
         try:
@@ -448,7 +447,7 @@ class KVOffloader:
                 if out is None or not out.keys_to_store:
                     return None
                 job = self._jobs.record(Direction.STORE, g, list(out.keys_to_store))
-            position: dict[bytes, int] = {}
+            position: dict[OffloadKey, int] = {}
             for i, k in enumerate(keys):
                 position.setdefault(k, i)
             blocks = tuple(b for key in out.keys_to_store for b in ids[position[key]])
@@ -461,7 +460,7 @@ class KVOffloader:
             raise
         return job
 
-    def _start_load(self, g: int, keys: list[bytes], ids: list[list[int]]) -> int:
+    def _start_load(self, g: int, keys: list[OffloadKey], ids: list[list[int]]) -> int:
         job = None
         if self._tiers is not None:
             with deferred_interrupts():
@@ -471,8 +470,8 @@ class KVOffloader:
             with deferred_interrupts():
                 chunk_ids, pinned, waits = prepare_load(self._store, self._tiers, g, keys, where)
                 job = self._jobs.record(Direction.LOAD, g, pinned, waits)
-                for tier_job, tier_keys in waits:
-                    self._tiers.hold(tier_job, job, tier_keys)
+                for tier_job, tier_keys in waits:  # waits come from a tier path only
+                    cast(TierPath, self._tiers).hold(tier_job, job, tier_keys)
             blocks = tuple(b for chunk in ids for b in chunk)
             transfer = GroupTransfer(g, blocks, tuple(chunk_ids))
             if waits:
@@ -492,7 +491,7 @@ class KVOffloader:
         return job
 
     def _tier_lookup(
-        self, g: int, keys: list[bytes], window: int | None, wait: bool
+        self, g: int, keys: list[OffloadKey], window: int | None, wait: bool
     ) -> tuple[int, int]:
         """`lookup` with tiers: (chunks loadable now, chunks found in the host or a
         tier). Each step that changes the store holds SIGINT; asking the tiers and

@@ -11,6 +11,7 @@ slow tier. Every job's future completes exactly once, also when the runner close
 from __future__ import annotations
 
 import concurrent.futures as cf
+import functools
 import logging
 import threading
 import time
@@ -198,9 +199,7 @@ class JobRunner:
                     continue
                 if isinstance(result, cf.Future):
                     result.add_done_callback(
-                        lambda f, job=job, start=start, stop=stop: self._finish_checked(
-                            job, start, stop, f
-                        )
+                        functools.partial(self._finish_checked, job, start, stop)
                     )
                 else:
                     self._finish_checked(job, start, stop, result)

@@ -7,9 +7,9 @@ at the hand-over names the group, the array and the fix.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import jax
 import numpy as np
@@ -17,6 +17,7 @@ import numpy as np
 import pallas_kernels as pk
 from jax_kvoffload.errors import KVOffloadTypeError
 from jax_kvoffload.transfer._errors import TransferError, TransferStateError
+from jax_kvoffload.transfer._rpa_pages import check_rpa_heads, host_page_shape, relays
 
 
 def _buffers(array: jax.Array) -> list[int]:
@@ -109,6 +110,17 @@ class GroupCaches:
 
     arrays: list[jax.Array]
     layout: pk.KVLayout
+    #: RPA caches only: the model's KV heads, for canonical host pages (`_rpa_pages`).
+    canonical_kv_heads: int | None = None
+
+    if TYPE_CHECKING:
+        # What the constructor takes: __post_init__ makes the fields' types of both.
+        def __init__(
+            self,
+            arrays: Sequence[jax.Array],
+            layout: pk.KVLayout | str,
+            canonical_kv_heads: int | None = None,
+        ) -> None: ...
 
     def __post_init__(self) -> None:
         if isinstance(self.layout, str):  # a layout name: "rpa", "nhd_second", ...
@@ -119,12 +131,45 @@ class GroupCaches:
                 f"the names {list(pk.LAYOUT_NAMES)}, got {type(self.layout).__name__}"
             )
         self.arrays = check_arrays(self.arrays, self.layout, "GroupCaches")
+        if self.canonical_kv_heads is not None:
+            self.canonical_kv_heads = check_rpa_heads(
+                self.arrays, self.layout, self.canonical_kv_heads, "GroupCaches"
+            )
+
+    @property
+    def host_page_shape(self) -> tuple[int, ...]:
+        """`(arrays, *page)` of one block in host rows (canonical RPA pages: heads
+        `canonical_kv_heads`, per-shard padding dropped)."""
+        return host_page_shape(self.arrays, self.layout, self.canonical_kv_heads)
+
+    @property
+    def relays(self) -> bool:
+        """The host pages are not the gathered bytes: stores and loads relay them."""
+        return relays(self.arrays, self.canonical_kv_heads)
 
     @property
     def block_bytes(self) -> int:
-        """Bytes of one block across every array of the group (one staging entry)."""
-        first = self.arrays[0]
-        return _page_bytes(first, self.layout) * len(self.arrays)
+        """Bytes of one block across every array of the group (one host row's block)."""
+        return int(np.prod(self.host_page_shape)) * np.dtype(self.arrays[0].dtype).itemsize
+
+    def check_replacement(self, arrays: list[jax.Array], where: str) -> None:
+        """Refuses arrays that would change the host pages: the same count, shapes and
+        dtypes as now, except that canonical RPA caches may change their KV-head sharding
+        (another mesh pads differently) as long as their canonical pages stay the same."""
+        want = [(tuple(a.shape), a.dtype) for a in self.arrays]
+        got = [(tuple(a.shape), a.dtype) for a in arrays]
+        if self.canonical_kv_heads is not None and len(got) == len(want):
+            check_rpa_heads(arrays, self.layout, self.canonical_kv_heads, where)
+            shape = host_page_shape(arrays, self.layout, self.canonical_kv_heads)
+            same_blocks = arrays[0].shape[0] == self.arrays[0].shape[0]
+            if same_blocks and shape == self.host_page_shape and got[0][1] == want[0][1]:
+                return
+        if got != want:
+            raise TransferError(
+                f"{where}: arrays must keep the shapes and dtypes of the current "
+                f"ones: {len(want)} x {want[0][0]} {want[0][1]}, got {len(got)} arrays "
+                f"{sorted({f'{shape} {dtype}' for shape, dtype in got})}"
+            )
 
     @property
     def num_blocks(self) -> int:
@@ -137,11 +182,6 @@ def layout_named(name: str, where: str) -> pk.KVLayout:
         return pk.named_layout(name)
     except pk.LayoutError as e:
         raise TransferError(f"{where}: layout={name!r}: {e}") from None
-
-
-def _page_bytes(array: Any, layout: pk.KVLayout) -> int:
-    itemsize: int = np.dtype(array.dtype).itemsize
-    return int(np.prod(layout.page_shape(tuple(array.shape)))) * itemsize
 
 
 def check_group_caches(caches: object, where: str) -> dict[int, GroupCaches]:

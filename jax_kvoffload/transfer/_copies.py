@@ -21,6 +21,7 @@ from jax_kvoffload.hostmem import HostPool
 from jax_kvoffload.transfer._buckets import store_pieces
 from jax_kvoffload.transfer._caches import GroupCaches
 from jax_kvoffload.transfer._job_checks import CheckedTransfer
+from jax_kvoffload.transfer._rpa_pages import canonical_sharding, merge_into_pages, to_canonical
 from jax_kvoffload.transfer._sharded_io import distinct_shards, fetch_sharded
 from jax_kvoffload.transfer._staging import HostBuffers, bucket_for, replicated, to_host
 
@@ -85,6 +86,8 @@ class StagedCopies:
             for start, n in self._store_pieces(t):
                 ids = t.block_ids[start : start + n].astype(np.int32)
                 staging = pk.gather_blocks(gc.arrays, ids, layout=gc.layout, **self._kernel_kw)
+                if gc.relays:  # canonical RPA pages: per-shard padding dropped on device
+                    staging = to_canonical(gc.arrays, gc.canonical_kv_heads, staging)
                 staged.append((t.group, t, t.first_slot + start, staging))
         # The D2H copies of every piece in one device_put (one dispatch per job).
         hosts = to_host([s for *_, s in staged], [not self._put_host[g] for g, *_ in staged])
@@ -119,11 +122,15 @@ class StagedCopies:
         plan = []  # (group, ids, transfer, first slot, staging shape)
         for t in checked:
             gc = self._caches[t.group]
-            shape = (len(gc.arrays), *gc.layout.page_shape(tuple(gc.arrays[0].shape)))
+            shape = gc.host_page_shape if gc.relays else self._page(gc)
             for start, n in store_pieces(len(t.block_ids), self._bucket[t.group]):
                 ids = t.block_ids[start : start + n].astype(np.int32)
                 plan.append((t.group, ids, t, t.first_slot + start, (n, *shape)))
         return plan
+
+    @staticmethod
+    def _page(gc: GroupCaches) -> tuple[int, ...]:
+        return (len(gc.arrays), *gc.layout.page_shape(tuple(gc.arrays[0].shape)))
 
     def fetch(self, plan: LoadPlan, load: FetchedLoad) -> None:
         """Reads a load's rows onto the devices, appending each piece (worker thread).
@@ -132,22 +139,30 @@ class StagedCopies:
         dispatch per job). A pool that adopts rows hands out its rows as they are
         (pinned host arrays on accelerators: no host copy); the others copy them into
         reused staging buffers first (`read_blocks`, one host copy per byte)."""
-        hosts: list[Any] = []  # every host array of the job, in piece order
+        hosts: list[Any] = []  # every host array of the job, each once, in piece order
         targets: list[Any] = []  # where each goes
-        # (group, ids, what: "rows" cuts | "buffer" | a fetched staging, buffers)
+        seen: dict[tuple[int, Any], int] = {}  # (id of a row, target) -> index in hosts
+        # (group, ids, what: [(host index, k0, k1)] of rows | the host index of a
+        # staging buffer | a fetched sharded staging, buffers)
         pieces: list[tuple[int, np.ndarray, Any, list[np.ndarray]]] = []
         for group, ids, t, first, shape in plan:
             gc = self._caches[group]
-            sharding = pk.staging_sharding(gc.arrays, gc.layout)
+            if gc.relays:
+                sharding = canonical_sharding(gc.arrays, gc.layout)
+            else:
+                sharding = pk.staging_sharding(gc.arrays, gc.layout)
             device = sharding or replicated(gc.arrays[0].sharding)
             if self._pool.adopts_rows:
                 cuts = []
                 for row, k0, k1 in self._pool.row_sources(group, t.chunk_ids, first, shape[0]):
-                    if isinstance(row, np.ndarray):  # a row of its own (partial stores)
-                        row = row.view(gc.arrays[0].dtype).reshape(-1, *shape[1:])
-                    hosts.append(row)
-                    targets.append(device)
-                    cuts.append((k0, k1))
+                    # A chunk that two pieces of the job share crosses the bus once.
+                    at = seen.setdefault((id(row), device), len(hosts))
+                    if at == len(hosts):
+                        if isinstance(row, np.ndarray):  # a row of its own (partial stores)
+                            row = row.view(gc.arrays[0].dtype).reshape(-1, *shape[1:])
+                        hosts.append(row)
+                        targets.append(device)
+                    cuts.append((at, k0, k1))
                 pieces.append((group, ids, cuts, []))
                 continue
             if sharding is not None and self._pool.moves_shards:
@@ -157,20 +172,20 @@ class StagedCopies:
                     continue
             rows = self._buffers.take((shape[0], gc.block_bytes))
             self._pool.read_blocks(group, t.chunk_ids, first, shape[0], rows)
+            pieces.append((group, ids, len(hosts), [rows]))
             hosts.append(rows.view(gc.arrays[0].dtype).reshape(shape))
             targets.append(device)
-            pieces.append((group, ids, "buffer", [rows]))
-        placed = iter(jax.device_put(hosts, targets) if hosts else [])
+        placed = jax.device_put(hosts, targets) if hosts else []
         staged = []
         for group, ids, what, buffers in pieces:
             if isinstance(what, list):  # rows as they are: cut and joined on the device
                 parts = []
-                for k0, k1 in what:
-                    row = next(placed)
+                for at, k0, k1 in what:
+                    row = placed[at]
                     parts.append(row if (k0, k1) == (0, row.shape[0]) else row[k0:k1])
                 staging = parts[0] if len(parts) == 1 else jnp.concatenate(parts)
-            elif isinstance(what, str):  # a staging buffer read from the rows
-                staging = next(placed)
+            elif isinstance(what, int):  # a staging buffer read from the rows
+                staging = placed[what]
             else:  # fetched sharded: already on the devices
                 staging = what
             staged.append((group, ids, staging, buffers))
@@ -202,6 +217,10 @@ class StagedCopies:
             while load.applied < len(load.pieces):
                 group, ids, staging, buffers = load.pieces[load.applied]
                 gc = self._caches[group]
+                if gc.relays:  # the target's padding slots keep their bytes
+                    staging = merge_into_pages(
+                        gc.arrays, gc.layout, gc.canonical_kv_heads, ids, staging, self._kernel_kw
+                    )
                 # The scatter donates the old arrays: its result must be kept, or the
                 # group's caches are gone. The job core runs this with SIGINT held.
                 gc.arrays = pk.scatter_blocks(

@@ -162,14 +162,7 @@ class TransferEngine:
         with self._guard:
             gc = self._group(group)
             arrays = check_arrays(arrays, gc.layout, f"set_arrays(group={group})")
-            want = [(tuple(a.shape), a.dtype) for a in gc.arrays]
-            got = [(tuple(a.shape), a.dtype) for a in arrays]
-            if got != want:
-                raise TransferError(
-                    f"group {group}: arrays must keep the shapes and dtypes of the current "
-                    f"ones: {len(want)} x {want[0][0]} {want[0][1]}, got {len(got)} arrays "
-                    f"{sorted({f'{shape} {dtype}' for shape, dtype in got})}"
-                )
+            gc.check_replacement(arrays, f"group {group}")
             gc.arrays = arrays
 
     def submit_store(self, job_id: int, transfers: Sequence[GroupTransfer]) -> None:

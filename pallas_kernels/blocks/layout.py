@@ -255,7 +255,8 @@ def word_dtype(dtype: np.dtype, word_bytes: int) -> np.dtype:
     dt = np.dtype(dtype)
     if dt.kind in "ui" and dt.itemsize == word_bytes:
         return dt
-    return np.dtype(_WORD_DTYPES[word_bytes])
+    word: np.dtype = np.dtype(_WORD_DTYPES[word_bytes])
+    return word
 
 
 def _as(x: jax.Array, dtype: np.dtype) -> jax.Array:

@@ -27,7 +27,7 @@ def cache_device(cache: Any) -> Any | None:
         return None
     if not isinstance(cache, jax.Array):
         return default_device()
-    return min(cache.sharding.device_set, key=lambda d: d.id)
+    return min(cache.sharding.device_set, key=lambda d: d.id)  # type: ignore[attr-defined]
 
 
 def _platform_words(device: Any) -> str:

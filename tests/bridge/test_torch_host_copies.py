@@ -11,12 +11,14 @@ from __future__ import annotations
 import threading
 from types import SimpleNamespace as Spec
 
+import numpy as np
 import pytest
 import torch
 
 from jax_kvoffload.bridge import _torch_worker
 from jax_kvoffload.bridge._torch_streams import SyncStream
-from jax_kvoffload.bridge.torch import TorchKVWorker
+from jax_kvoffload.bridge.torch import JobSpecError, TorchKVWorker
+from jax_kvoffload.hostmem import HostChunkPool, PinnedRowPool
 
 NB, PAGE = 12, 64
 
@@ -118,4 +120,64 @@ def test_a_job_is_reported_when_its_event_completes(monkeypatch):
     gate.set()
     w.wait([1])
     assert [(r.job_id, r.success) for r in w.get_finished()] == [(1, True)]
+    w.shutdown()
+
+
+def test_a_given_numpy_pool_takes_the_copy_engine_path_too():
+    # A shared region's pool (JaxOffloadingSpec's workers): its slots are the memory
+    # the copy engine writes (page-locked once where CUDA is; here plain memory).
+    pool = HostChunkPool(6, {0: PAGE}, 2)
+    cache, w = worker([[(0, PAGE)]], dma=True, pool=pool)
+    before = cache.clone()
+    assert store_then_load(w, [7, 1], [5], [0, 2]) == ((0, 0), (0, 0))
+    assert torch.equal(cache[[0, 2]], before[[7, 1]])
+    w.shutdown()
+    with pytest.raises(JobSpecError, match="HostChunkPool"):
+        worker([[(0, PAGE)]], dma=True, pool=PinnedRowPool(6, {0: PAGE}, 2))
+    with pytest.raises(JobSpecError, match="store_kernel"):
+        worker([[(0, PAGE)]], dma=True, store_kernel=True)
+
+
+def test_page_lock_registers_each_contiguous_range_once(monkeypatch, caplog):
+    from jax_kvoffload.bridge import _torch_dma
+
+    calls = []
+
+    class Cudart:
+        def cudaHostRegister(self, ptr, size, flags):
+            calls.append(("register", ptr, size))
+            return 0 if size != 8 * 2 * 3 else 1  # refuses one size: logged, skipped
+
+        def cudaHostUnregister(self, ptr):
+            calls.append(("unregister", ptr))
+            return 0
+
+    monkeypatch.setattr(torch.cuda, "cudart", Cudart)
+    buffer = np.zeros(HostChunkPool.nbytes_for(3, {0: 16, 1: 32}, 2), np.uint8)
+    carved = HostChunkPool(3, {0: 16, 1: 32}, 2, buffer=buffer)  # groups back to back
+    assert _torch_dma.page_lock(carved) == [buffer.ctypes.data]
+    assert calls == [("register", buffer.ctypes.data, buffer.nbytes)]
+    calls.clear()
+    separate = HostChunkPool(3, {0: 16, 1: 8}, 2)  # one allocation per group
+    with caplog.at_level("WARNING"):
+        locked = _torch_dma.page_lock(separate)
+    assert sorted(c[2] for c in calls) == [48, 96]  # not adjacent: one range each
+    assert locked == [separate.flat(0).ctypes.data]  # the 48-byte group was refused
+    assert "could not page-lock 48 bytes" in caplog.text
+    calls.clear()
+    _torch_dma.page_unlock(locked)
+    assert calls == [("unregister", locked[0])]
+
+
+def test_a_submit_event_that_fails_fails_its_job_and_only_it(monkeypatch):
+    def broken(device):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    _, w = worker([[(0, PAGE)]], dma=True)
+    monkeypatch.setattr(_torch_worker, "submit_event", broken)
+    assert w.submit_store(1, device_spec([3]), Spec(block_ids=[2]))
+    monkeypatch.undo()
+    assert w.submit_store(2, device_spec([4]), Spec(block_ids=[1]))
+    w.wait([1, 2])
+    assert [(r.job_id, r.success) for r in w.get_finished()] == [(1, False), (2, True)]
     w.shutdown()

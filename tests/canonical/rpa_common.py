@@ -32,7 +32,10 @@ CONFIG_DTYPE |= {"fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2", "int8": "int8"}
 
 def rpa_config(dtype: str, heads: int, *, tp: int = 1, canonical: bool = False, extra=None):
     spec = FullAttentionSpec(
-        block_size=BS, num_kv_heads=max(1, heads // tp), head_size=HEAD_DIM, dtype="uint8"
+        block_size=BS,
+        num_kv_heads=max(1, heads // tp),
+        head_size=HEAD_DIM,
+        dtype=CONFIG_DTYPE[dtype],
     )
     names = tuple(f"l{i}" for i in range(LAYERS))
     engine = EngineConfig(
@@ -58,16 +61,20 @@ def rpa_config(dtype: str, heads: int, *, tp: int = 1, canonical: bool = False, 
     return build_offloading_config(engine, kv)
 
 
-def rpa_bits(dtype: str, heads: int, shards: int, seed: int) -> list[np.ndarray]:
-    """Per layer, K and V of special bit patterns packed into the RPA array for
-    `shards` KV-head shards, every padding byte noise (so untouched bytes show)."""
+def rpa_bits(
+    dtype: str, heads: int, shards: int, seed: int, noise_seed: int | None = None
+) -> list[np.ndarray]:
+    """Per layer, K and V of special bit patterns (from `seed`) packed into the RPA
+    array for `shards` KV-head shards, every padding byte noise (from `noise_seed`), so
+    untouched bytes show."""
     rng = np.random.default_rng(seed)
+    noise_rng = np.random.default_rng(seed + 1000 if noise_seed is None else noise_seed)
     dt = DTYPES[dtype]
     out = []
     for _ in range(LAYERS):
         k = random_bits(rng, (NB, BS, heads, HEAD_DIM), dtype).view(dt)
         v = random_bits(rng, (NB, BS, heads, HEAD_DIM), dtype).view(dt)
-        noise = lambda shape: random_bits(rng, shape, dtype)  # noqa: E731
+        noise = lambda shape: random_bits(noise_rng, shape, dtype)  # noqa: E731
         out.append(pk.rpa_pack(k, v, shards=shards, pad_value=noise).view(k.dtype))
     return out
 

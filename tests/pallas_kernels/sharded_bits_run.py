@@ -1,6 +1,7 @@
 """Run by test_bits_sharded.py in a subprocess (it needs 8 simulated CPU devices):
 
     python sharded_bits_run.py SEED CASES BACKEND [BACKEND ...]
+    python sharded_bits_run.py hazard BACKEND [BACKEND ...]
 
 Random cases of the bit model (``bitmodel.py``) on caches sharded over meshes of 1-8
 devices: every layout (RPA included), every dtype, special bit patterns (NaN payloads,
@@ -29,6 +30,7 @@ import pallas_kernels as pk
 from tests.pallas_kernels.bitmodel import (
     DTYPES,
     LAYOUTS,
+    SPECIAL,
     bits_of,
     model_gather,
     model_scatter,
@@ -128,6 +130,8 @@ def check(c: dict, rng: np.random.Generator) -> str | None:
         return f"gather changed {len(bad)} elements, first {want.flat[i]:#x} -> {got.flat[i]:#x}"
     caches = put()
     update = random_bits(rng, (len(c["scatter"]), len(caches), *want.shape[2:]), c["dtype"])
+    if c.get("special_update"):  # -0.0 and NaN payloads only
+        update = np.resize(c["caches"][0][::-1], update.shape)
     if c["host_staging"]:
         staging = update.view(dt)
     else:
@@ -145,7 +149,45 @@ def check(c: dict, rng: np.random.Generator) -> str | None:
     return None
 
 
+def hazard_cases(backend: str) -> list[dict]:
+    """Issue 21's class, by hand: caches of nothing but -0.0, NaN payloads and
+    subnormals (fp16, bf16, fp32), KV heads sharded over 4 devices, the scatter's staging
+    on the devices (replicated) and on the host; and the same over a block-sharded mesh."""
+    out = []
+    for dtype in ("fp16", "bf16", "fp32"):
+        special = np.array(SPECIAL[dtype], dtype=bits_of(np.zeros(1, DTYPES[dtype])).dtype)
+        for spec, (names, sizes) in (
+            (P(None, None, "model", None), (("model",), (4,))),
+            (P("data", None, "model", None), (("data", "model"), (1, 4))),
+            (P("model"), (("model",), (4,))),
+        ):
+            mesh = Mesh(np.array(jax.devices()[:4]).reshape(sizes), names)
+            shape = (4, 2, 4, 2)
+            caches = [np.resize(np.roll(special, k), shape) for k in range(2)]
+            for host in (False, True):
+                out.append({"layout": "nhd", "dtype": dtype, "shape": shape, "mesh": mesh,
+                            "spec": spec, "caches": caches, "backend": backend,
+                            "gather": np.array([3, 0, 3], np.int32),
+                            "scatter": np.array([1, 3], np.int32), "host_staging": host,
+                            "special_update": True})  # fmt: skip
+    return out
+
+
+def run_hazards(backends: list[str]) -> int:
+    rng = np.random.default_rng(1)
+    for backend in backends:
+        for c in hazard_cases(backend):
+            err = check(c, rng)
+            if err:
+                print(f"FAIL hazard: {describe(c)} host_staging={c['host_staging']}: {err}")
+                return 1
+    print(f"OK hazard cases, backends {backends}")
+    return 0
+
+
 def main() -> int:
+    if sys.argv[1] == "hazard":
+        return run_hazards(sys.argv[2:])
     seed, cases, backends = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]
     done = 0
     for b, backend in enumerate(backends):

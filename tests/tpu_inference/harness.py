@@ -5,8 +5,9 @@
         [--extra-config '{...}'] [--only NAME ...]
 
 The connector under test is a parameter: tpu-inference 0.32.0's `TPUOffloadConnector`
-with its `LocalCPUBackend` now (the baseline), ours (`jax_kvoffload.bridge.tpu_inference`)
-once it exists. It is driven only through what tpu-inference's runner and vLLM call
+with its `LocalCPUBackend` (the baseline), or ours (`jax_kvoffload.bridge.tpu_inference:
+TPUOffloadConnector`, with `secondary_tiers` in --extra-config for the tier scenarios).
+It is driven only through what tpu-inference's runner and vLLM call
 (the `KVConnectorBase_V1` methods plus `register_runner`) and fed tpu-inference's own
 metadata types (`TPUOffloadConnectorMetadata`, `TPUReqMeta`, `SaveSpec`, `LoadSpec`), as
 their offload tests drive it: a mock runner, a CPU mesh, their cache shapes.
@@ -27,6 +28,9 @@ Scenarios (`SCENARIOS`):
                             the same prefix is told the hit and loads exactly it.
   engine/full_hit           the identical prompt: N blocks hit, N*block_size - 1 tokens
                             reported (their rule), N blocks loaded.
+  engine/events             with KV events on: the events the scheduler-role connector
+                            yields after a prompt was saved (reported, judged by the
+                            caller: vLLM's default connector surface yields none).
   engine/restart            fresh connectors (a restarted engine: a new config object)
                             asked for that prompt: the hit count is reported, not judged
                             (host memory dies with the engine: 0 for both without tiers).
@@ -64,6 +68,7 @@ SCENARIOS = (
     "engine/prefix_hit",
     "engine/full_hit",
     "engine/restart",
+    "engine/events",
 )
 TIER_SCENARIOS = ("tier/save", "tier/serve")
 # Cache geometry: small enough for 2 CPU cores, every axis of the RPA layout present.
@@ -239,12 +244,16 @@ def shapes(ctx) -> dict:
 # -- scheduler + worker -----------------------------------------------------------------
 
 
-def _engine(ctx):
+def _engine(ctx, events: bool = False):
     s = ctx["stack"]
     m, spec = s.mesh("attn_dp")
     dtype = s.DTYPES["bfloat16"]
     shape = s.cache_shape(m, NUM_BLOCKS, BLOCK_SIZE, KV_HEADS, HEAD_DIM, dtype)
     config = ctx["new_config"]()  # one engine, one config (vLLM's: a fresh VllmConfig)
+    if events:
+        from vllm.config import KVEventsConfig
+
+        config.kv_events_config = KVEventsConfig(enable_kv_cache_events=True)
     return ctx["engine"].MiniEngine(ctx["cls"], config, m, spec, shape, dtype, LAYERS)
 
 
@@ -292,6 +301,23 @@ def restart(ctx) -> dict:
     return {"hits_after_restart": after.matched_tokens // BLOCK_SIZE, "after": vars(after)}
 
 
+def events(ctx) -> dict:
+    engine = _engine(ctx, events=True)
+    req = engine.new_request("e1", PROMPT)
+    engine.prefill(req)
+    engine.finish(req)
+    from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash
+
+    taken = list(engine.scheduler.take_events())
+    stored = [h for e in taken if type(e).__name__ == "BlockStored" for h in e.block_hashes]
+    want = [maybe_convert_block_hash(h) for h in req.block_hashes]  # vLLM's event form
+    return {
+        "events": [type(e).__name__ for e in taken],
+        "stored_hashes_are_the_prompts": sorted(stored) == sorted(want),
+        "stored": len(stored),
+    }
+
+
 def tier_save(ctx) -> dict:
     engine = _engine(ctx)
     first = engine.prefill(engine.new_request("t1", PROMPT))
@@ -325,6 +351,7 @@ def _run(name: str, ctx) -> dict:
         "engine/prefix_hit": prefix_hit,
         "engine/full_hit": full_hit,
         "engine/restart": restart,
+        "engine/events": events,
         "tier/save": tier_save,
         "tier/serve": tier_serve,
     }[name if kind in ("engine", "tier") else kind](ctx)

@@ -73,6 +73,9 @@ KNOWN: dict[str, dict[str, tuple[str, str]]] = {
 # Prefix blocks a restarted engine is served (engine/restart, without tiers): host memory
 # dies with the engine, theirs and ours; ours serves it from a tier (tier/* below).
 RESTART_HITS = {THEIRS: 0, OURS: 0}
+# BlockStored hashes after a 3-block prompt was saved with KV events on (engine/events):
+# their connector yields none (the base class's take_events), ours one per block.
+STORED_EVENTS = {THEIRS: 0, OURS: 3}
 
 
 def _run_harness(
@@ -131,6 +134,10 @@ def test_scenario(results, connector, scenario):
         pytest.skip(result["facts"]["skipped"])
     if scenario == "engine/restart":
         assert result["facts"]["hits_after_restart"] == RESTART_HITS[connector], result["facts"]
+    if scenario == "engine/events":  # ours: the store's events, as vLLM's KV events
+        facts = result["facts"]
+        assert facts["stored"] == STORED_EVENTS[connector], facts
+        assert facts["stored_hashes_are_the_prompts"] or not facts["stored"], facts
 
 
 def test_environment_is_what_the_docs_say(results):

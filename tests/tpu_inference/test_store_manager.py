@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 
+from jax_kvoffload.bridge.tpu_inference._errors import UnknownChunkError
 from jax_kvoffload.bridge.tpu_inference._hub import Hub
 from jax_kvoffload.bridge.tpu_inference._manager import StoreManager
 from jax_kvoffload.config import host_tier_config
@@ -96,3 +97,13 @@ def test_unknown_operation_is_a_typed_error():
     ids = _save(m, [H[0]])
     with pytest.raises(Exception, match="'save' or 'load' expected"):
         m.mark_completion(ids, "copy")
+
+
+def test_completing_an_unknown_chunk_is_refused_before_anything_changes():
+    """Theirs raises ValueError for an id it never allocated; ours too, typed."""
+    m, _ = _manager()
+    chunks, _ = m.allocate_for_save([H[0]])
+    with pytest.raises(UnknownChunkError, match=r"mark_completion\(\[\d+, 999\], 'save'\)"):
+        m.mark_completion([chunks[0].chunk_id, 999], "save")
+    assert isinstance(UnknownChunkError("save", [1], [1]), ValueError)
+    assert m.lookup([H[0]]) == 0  # still write-pending: nothing was completed

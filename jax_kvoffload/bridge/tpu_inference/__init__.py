@@ -26,6 +26,9 @@ from jax_kvoffload.bridge.tpu_inference._errors import (
 from jax_kvoffload.bridge.tpu_inference._errors import (
     TPUConnectorStateError as TPUConnectorStateError,
 )
+from jax_kvoffload.bridge.tpu_inference._errors import (
+    UnknownChunkError as UnknownChunkError,
+)
 
 if TYPE_CHECKING:
     JaxStoreScheduler: type
@@ -38,6 +41,7 @@ __all__ = [
     "TPUConnectorConfigError",
     "TPUConnectorStateError",
     "TPUOffloadConnector",
+    "UnknownChunkError",
 ]
 
 

@@ -58,6 +58,25 @@ def _check_parallel(vllm_config: Any) -> None:
         )
 
 
+def _vllm_event(keys: tuple, removed: bool, metadata_only: bool) -> Any:
+    from vllm.v1.kv_offload import base
+
+    return base.OffloadingEvent(list(keys), base.Medium.CPU, removed, metadata_only=metadata_only)
+
+
+def _events_tracker(vllm_config: Any) -> Any:
+    """vLLM's event translator, or None where KV events are off (nothing is recorded)."""
+    events = getattr(vllm_config, "kv_events_config", None)
+    if not getattr(events, "enable_kv_cache_events", False):
+        return None
+    from vllm.distributed.kv_transfer.kv_connector.v1.offloading.events import (
+        OffloadingEventsTracker,
+    )
+    from vllm.v1.kv_offload.base import OffloadingKVEventsConfig
+
+    return OffloadingEventsTracker(OffloadingKVEventsConfig(True, False))
+
+
 @functools.cache
 def build_classes() -> dict[str, type]:
     """Returns `{"TPUOffloadConnector", "JaxStoreScheduler"}` (imports vLLM and
@@ -94,6 +113,7 @@ def build_classes() -> dict[str, type]:
             _check_parallel(vllm_config)
             hub = hub_for(vllm_config, lambda: _new_hub(vllm_config))
             self.hub = hub
+            self._events = _events_tracker(vllm_config)
             self.connector_scheduler: Any = None
             self.connector_worker: Any = None
             if role == KVConnectorRole.SCHEDULER:
@@ -141,9 +161,15 @@ def build_classes() -> dict[str, type]:
             return True if path is None else path.wait(timeout=timeout)
 
         def take_events(self) -> Any:
-            """The store's KV events (vLLM's `KVConnectorBase_V1.take_events`)."""
+            """The store's events as vLLM's KV cache events (`BlockStored`,
+            `BlockRemoved`), translated by vLLM's own `OffloadingEventsTracker` with
+            its legacy payload (block hash and group; no tokens), as vLLM's offloading
+            connector emits them without self-describing events. Empty unless
+            `kv_events_config.enable_kv_cache_events`."""
             store = self.hub.store
-            return iter(()) if store is None else iter(store.take_events())
+            if store is None or self._events is None:
+                return
+            yield from self._events.take_events(store.take_events(_vllm_event))
 
         # -- worker side ------------------------------------------------------------------
 
@@ -154,7 +180,7 @@ def build_classes() -> dict[str, type]:
         def register_runner(self, runner: Any) -> None:
             self.connector_worker.register_runner(runner)
 
-        def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
+        def start_load_kv(self, fwd_ctx: Any, **kwargs: Any) -> None:
             self.connector_worker.start_load_kv()
 
         def wait_for_layer_load(self, layer_name: str) -> None:

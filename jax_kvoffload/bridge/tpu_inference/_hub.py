@@ -60,7 +60,7 @@ class Hub:
         """The tier path, once store, pool and tiers all exist (None without tiers)."""
         ready = self.tiers and self.store is not None and self.pool is not None
         if self._tier_path is None and ready:
-            self._tier_path = TierPath(self.tiers, self.store, self.pool)
+            self._tier_path = TierPath(self.tiers, self.store, self.pool)  # type: ignore[arg-type]
         return self._tier_path
 
     def fail_saves(self, chunk_ids: list[int]) -> None:
