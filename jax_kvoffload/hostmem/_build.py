@@ -123,7 +123,7 @@ def build_host_pool(
                 row_stride=shared.row_stride,
                 area_offset=shared.area_offset,
             )
-    except BaseException:
+    except BaseException:  # on any exit: the region (memfd, mapping) is closed
         region.close()
         raise
     return pool, region

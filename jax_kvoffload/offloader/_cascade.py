@@ -19,10 +19,11 @@ process that is scheduler and worker at once:
 
 Everything here runs on the offloader's caller thread, under its guard; the tiers'
 threads only move bytes and complete futures. Plain code: the offloader calls each
-method that changes the store or the path (`process`, `cascade`, `promote`, `hold`,
-`close`) inside its `deferred_interrupts` block, and the ones that block (`plan_lookup`
-asks the tiers, `wait` / `drain`) outside it; those change nothing but counters, so an
-interrupt in them loses nothing.
+method that changes the store or the path (`process`, `cascade`, `promote_plan`,
+`promote`, `hold`, `close`) inside its `deferred_interrupts` block, and the ones that
+block (`plan_lookup` asks the tiers, `join` waits) outside it; those change nothing but
+counters, so an interrupt in them loses nothing. `lookup`, `wait` and `drain` join and
+record in one call, for callers that hold no signal (the tpu-inference connector).
 """
 
 from __future__ import annotations
@@ -194,6 +195,20 @@ class TierPath:
         jobs = {id(j): j for i in plan.need if (j := self._pending.get(keys[i])) is not None}
         return list(jobs.values())
 
+    def lookup(
+        self, group: int, keys: list[bytes], window: int | None, wait: bool
+    ) -> tuple[int, int]:
+        """Chunks loadable now from the host, after promoting the tiers' hits; and the
+        chunks found (in the host or a tier: `hit_tokens`). The steps in one call, for
+        a caller that holds no signal (the tpu-inference connector); `KVOffloader`
+        takes them one by one, each step that changes the store with SIGINT held.
+        Without `wait` the host's count now: promotions finish in the background."""
+        plan = self.plan_lookup(keys, window)
+        promotions = self.promote_plan(group, plan)
+        if wait:
+            self.wait(promotions)
+        return self.loadable(plan, recount=wait), plan.found
+
     def loadable(self, plan: LookupPlan, recount: bool) -> int:
         """Chunks loadable from the host now: as planned, or (`recount`, once the
         promotions were waited for and processed) counted again from the host."""
@@ -323,9 +338,9 @@ class TierPath:
                 self._finish(job)
                 self._jobs.remove(job)
 
-    def wait(self, jobs: Sequence[_TierJob] | None = None, timeout: float | None = None) -> bool:
-        """Waits (interruptibly) for tier jobs to end; False on timeout. Records nothing:
-        `process` them afterwards."""
+    def join(self, jobs: Sequence[_TierJob] | None = None, timeout: float | None = None) -> bool:
+        """Waits (interruptibly) for tier jobs (default: all) to end; False on timeout.
+        Records nothing: `process` them afterwards (the offloader, SIGINT held)."""
         targets = list(self._jobs if jobs is None else jobs)
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
@@ -339,15 +354,21 @@ class TierPath:
             wait_futures(pending, timeout=step)
         return True
 
+    def wait(self, jobs: Sequence[_TierJob] | None = None, timeout: float | None = None) -> bool:
+        """`join`, then records the jobs that ended; False on timeout."""
+        done = self.join(jobs, timeout)
+        self.process(jobs)
+        return done
+
     def drain(self) -> None:
-        """Waits for every tier job (reset, close): bounded by the tiers' own timeouts.
-        Records nothing: `process` them afterwards."""
+        """Waits for every tier job and records it (reset, close): bounded by the tiers'
+        own timeouts."""
         self.wait()
 
     def close(self, own: bool) -> None:
-        """Ends the path once `drain` returned: every job recorded; the tiers closed
-        when `own`."""
-        self.process()
+        """Ends the path: every job waited for and recorded (`drain`: at once after a
+        `join`); the tiers closed when `own`."""
+        self.drain()
         if own:
             for tier in self.tiers:
                 tier.close()

@@ -20,6 +20,11 @@ Only whole chunks are stored or loaded.
 Every job id `store` / `load` returns is reported exactly once, by `poll`, `wait` or
 `close`, whatever happens in between (failures, `reset_cache`, interrupts); a call that
 raises returns no id and leaves nothing behind. Life cycle: docs/architecture.md.
+
+Interrupt safety is made here: each call is a sequence of waits (interruptible, they
+change nothing) and steps that change the store, the job book or the tier path (run
+with SIGINT held, `deferred_interrupts`); the parts it calls hold no signal themselves
+(docs/architecture.md, "Interrupts, in one place").
 """
 
 from __future__ import annotations
@@ -262,7 +267,7 @@ class KVOffloader:
             if self._jobs.has_unsettled or self._engine.has_finished():
                 with deferred_interrupts():  # completed stores cascade first
                     self._jobs.settle(self._engine.get_finished())
-            done = self._tiers.wait(timeout=timeout)  # blocks; changes nothing
+            done = self._tiers.join(timeout=timeout)  # blocks; changes nothing
             with deferred_interrupts():
                 self._tiers.process()
             return done
@@ -363,7 +368,7 @@ class KVOffloader:
             if self._tiers is not None:
                 # No tier thread may touch a row the store is about to forget (vLLM's
                 # drain_jobs); interruptible, and nothing has changed until it returns.
-                self._tiers.drain()
+                self._tiers.join()
             with deferred_interrupts():
                 if self._tiers is not None:
                     self._tiers.process()
@@ -384,7 +389,7 @@ class KVOffloader:
             with deferred_interrupts():
                 self._jobs.settle(self._engine.get_finished())
             if self._tiers is not None:
-                self._tiers.drain()  # cascades reach the tiers; blocks, changes nothing
+                self._tiers.join()  # cascades reach the tiers; blocks, changes nothing
             with deferred_interrupts():
                 self._engine.close()
                 if self._tiers is not None:
@@ -499,7 +504,7 @@ class KVOffloader:
         with deferred_interrupts():
             promotions = tiers.promote_plan(g, plan)
         if wait:
-            tiers.wait(promotions)  # bounded by the tiers' timeouts
+            tiers.join(promotions)  # bounded by the tiers' timeouts
             with deferred_interrupts():
                 tiers.process(promotions)
         return tiers.loadable(plan, recount=wait), plan.found

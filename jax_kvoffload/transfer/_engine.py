@@ -109,8 +109,9 @@ class TransferEngine:
         if max_staging_bytes < 1:
             raise TransferError(f"max_staging_bytes={max_staging_bytes} must be >= 1")
         check_pool(pool)
-        if not isinstance(backend, str) or backend not in pk.BACKENDS:
-            raise TransferError(f"backend must be one of {pk.BACKENDS}, got {backend!r}")
+        names = ("auto", *(b.name for b in pk.list_backends()))  # with registered ones
+        if not isinstance(backend, str) or backend not in names:
+            raise TransferError(f"backend must be one of {names}, got {backend!r}")
         if backend != "auto" and not interpret:
             # Refused now, not at the first job: a job failing for a reason fixed at
             # construction would only surface as failed stores.
