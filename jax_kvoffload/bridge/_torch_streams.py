@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 __all__ = ["CopyStream", "DoneEvent", "SyncStream", "copy_stream", "submit_event"]
 
@@ -79,7 +79,7 @@ class CudaStream:
 
     def wait(self, event: CopyEvent | None) -> None:
         if event is not None:
-            self.stream.wait_event(event)  # type: ignore[arg-type]  # a torch.cuda.Event
+            self.stream.wait_event(cast(Any, event))  # a torch.cuda.Event (`record`)
 
     def record(self) -> CopyEvent:
         event = self._torch.cuda.Event()
