@@ -144,3 +144,20 @@ def test_the_store_full_evicts_on_its_own():
     finally:
         tier.close()
         store.stop()
+
+
+def test_with_two_replicas_a_killed_node_costs_misses_only_until_the_master_notices():
+    store = MooncakeStore(nodes=2, segment="64MB", master_flags=("--client_ttl=2",))
+    tier = open_tier(store, replica_num=2)
+    t = Timed(tier)
+    try:
+        ids = range(32)
+        assert t.store(ids).all_ok
+        store.kill_node(1)
+        t.load(ids)  # a key whose chosen replica was on the dead node misses at first
+        # Once the master has unmounted the dead segment, every key's other copy serves.
+        until(lambda: all(t.load(ids)), timeout=20)
+        assert tier.stats().corrupt == 0
+    finally:
+        tier.close()
+        store.stop()
