@@ -79,8 +79,8 @@ def import_store() -> Any:
     except ImportError as e:  # the package, or one of its libraries (libibverbs1, ...)
         raise MooncakeUnavailableError(
             f"the Mooncake tier needs Mooncake's Python client, which does not import here "
-            f"({e}); install it: pip install '{PACKAGE}' (and, on Debian/Ubuntu, apt-get "
-            "install libibverbs1 librdmacm1 libnuma1)"
+            f"({e}); install it: pip install '{PACKAGE}' (or the `mooncake` extra; and, on "
+            "Debian/Ubuntu, apt-get install libibverbs1 librdmacm1 libnuma1)"
         ) from None
     return MooncakeDistributedStore
 
