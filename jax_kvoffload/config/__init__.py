@@ -44,6 +44,7 @@ from jax_kvoffload.config._errors import StateAlignmentError as StateAlignmentEr
 from jax_kvoffload.config._errors import TokensPerHashError as TokensPerHashError
 from jax_kvoffload.config._errors import WindowSpecError as WindowSpecError
 from jax_kvoffload.config._errors import ZeroChunkSizeError as ZeroChunkSizeError
+from jax_kvoffload.config._host_tier import CACHE_LAYOUTS as CACHE_LAYOUTS
 from jax_kvoffload.config._host_tier import HostTierConfig as HostTierConfig
 from jax_kvoffload.config._host_tier import host_tier_config as host_tier_config
 from jax_kvoffload.config._kv_cache import KVCacheConfig as KVCacheConfig
@@ -120,6 +121,7 @@ __all__ = [  # noqa: RUF022
     "KVQuantMode",
     # the host tier's extra-config keys, parsed once (docs/tiers.md)
     "host_tier_config",
+    "CACHE_LAYOUTS",
     "HostTierConfig",
     # secondary tiers (the `secondary_tiers` extra-config key, docs/tiers.md)
     "parse_secondary_tiers",

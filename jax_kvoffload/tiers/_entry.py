@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from jax_kvoffload.config import OffloadingConfig
-from jax_kvoffload.config.canonical import canonical_format_id
+from jax_kvoffload.config.canonical import CANONICAL_FORMAT_VERSION, canonical_format_id
 from jax_kvoffload.errors import KVOffloadTypeError, KVOffloadValueError
 from jax_kvoffload.tiers._crc import crc32c
 
@@ -193,11 +193,7 @@ def namespace_fields(
             for g in config.groups
         ],
         "kv_cache_layout": config.kv_cache_layout,
-        "canonical_format": (
-            canonical_format_id(config.kv_cache_layout)
-            if config.canonical_layout and config.kv_cache_layout is not None
-            else None
-        ),
+        "canonical_format": _canonical_format(config),
         "replicated_layout": config.replicated_layout,
         "codec": codec,
     }
@@ -215,6 +211,19 @@ def namespace_fields(
             "rank": rank,
         }
     return fields
+
+
+def _canonical_format(config: OffloadingConfig) -> str | None:
+    """The canonical byte format's id, or None for per-rank (direct) pages.
+
+    Never None with `canonical_layout`: a config that names no `kv_cache_layout` (a JAX
+    engine's: its `pages` say the encoding) gets `"v1-engine-pages"`, so a canonical entry
+    and a per-rank one never share a namespace, even where the topology is left out."""
+    if not config.canonical_layout:
+        return None
+    if config.kv_cache_layout is None:
+        return f"v{CANONICAL_FORMAT_VERSION}-engine-pages"
+    return canonical_format_id(config.kv_cache_layout)
 
 
 def namespace_digest(

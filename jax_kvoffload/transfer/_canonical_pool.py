@@ -55,6 +55,7 @@ class CanonicalPoolView(HostPool):
         self.blocks_per_chunk = pool.blocks_per_chunk
         self.bytes_per_block = {g: p.local_block_bytes for g, p in self.plans.items()}
         self.bytes_written = 0  # canonical bytes this rank stored (writer rotation applied)
+        self.host_copies = pool.host_copies  # the relayout copies with the CPU: counted
 
     @property
     def nbytes(self) -> int:
@@ -85,14 +86,18 @@ class CanonicalPoolView(HostPool):
     def write_blocks(self, group: int, chunk_ids: list[int], first: int, data: np.ndarray) -> None:
         """Stores this rank's bytes of `data` (`[n, local_block_bytes]` uint8)."""
         slots = self.pool.slots(chunk_ids, first, data.shape[0])
-        self.bytes_written += self._plan(group).store(self.pool.flat(group), slots, data)
+        written = self._plan(group).store(self.pool.flat(group), slots, data)
+        self.bytes_written += written
+        self.host_copies.add(written, store=True)
 
     def read_blocks(
         self, group: int, chunk_ids: list[int], first: int, n_blocks: int, out: np.ndarray
     ) -> np.ndarray:
         """Reads this rank's pages of `n_blocks` canonical blocks into `out`."""
         slots = self.pool.slots(chunk_ids, first, n_blocks)
-        return self._plan(group).load(self.pool.flat(group), slots, out)
+        out = self._plan(group).load(self.pool.flat(group), slots, out)
+        self.host_copies.add(out.nbytes, store=False)
+        return out
 
 
 def plans_for_rank(
