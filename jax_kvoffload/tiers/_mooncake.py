@@ -37,7 +37,7 @@ from jax_kvoffload.tiers._base import Buffer, SecondaryTier, TierJobResult
 from jax_kvoffload.tiers._checks import check_items, check_keys
 from jax_kvoffload.tiers._crc import crc32c, warn_if_slow
 from jax_kvoffload.tiers._entry import check_header, encode_header, header_length
-from jax_kvoffload.tiers._errors import buffer_size_error
+from jax_kvoffload.tiers._errors import TierBufferSizeError, buffer_size_error
 from jax_kvoffload.tiers._job_runner import JobRunner
 
 __all__ = ["MooncakeTier", "mooncake_key"]
@@ -45,6 +45,7 @@ __all__ = ["MooncakeTier", "mooncake_key"]
 logger = logging.getLogger(__name__)
 
 _MIN_KEY_BYTES = 4  # the group index is the last 4 bytes (as in the Redis tier)
+Items = Sequence[tuple[bytes, memoryview]]  # checked (key, byte view) pairs
 
 
 def mooncake_key(prefix: str, namespace: bytes, key: bytes) -> str:
@@ -86,7 +87,11 @@ class MooncakeTier(SecondaryTier):
     medium = "remote"
 
     def __init__(
-        self, config: MooncakeTierConfig, namespace: bytes, *, describe: Mapping | None = None
+        self,
+        config: MooncakeTierConfig,
+        namespace: bytes,
+        *,
+        describe: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__(namespace)  # `describe`: the store keeps no file beside entries
         if not isinstance(config, MooncakeTierConfig):
@@ -227,7 +232,9 @@ class MooncakeTier(SecondaryTier):
 
     # ---- I/O, on the runner's threads ----------------------------------------------------
 
-    def _buffers(self, scratch: _Scratch, items, *, load: bool):
+    def _buffers(
+        self, scratch: _Scratch, items: Items, *, load: bool
+    ) -> tuple[list[list[int]], list[list[int]], list[tuple[int, int | None]]]:
         """Per key `[header, row]` addresses and sizes; rows staged in the scratch where
         the transport needs registered memory. Returns (ptrs, sizes, staged rows)."""
         heads = [header_length(len(k)) for k, _ in items]
@@ -237,7 +244,10 @@ class MooncakeTier(SecondaryTier):
         staged = [self._rdma and not c for c in covered]
         total = sum(heads) + sum(len(v) for (_, v), s in zip(items, staged, strict=True) if s)
         arena = scratch.get(total)
-        base, off, ptrs, sizes, rows = scratch.addr, 0, [], [], []
+        base, off = scratch.addr, 0
+        ptrs: list[list[int]] = []
+        sizes: list[list[int]] = []
+        rows: list[tuple[int, int | None]] = []
         for (key, view), h, addr, stage in zip(items, heads, addrs, staged, strict=True):
             if not load:
                 hdr = encode_header(self._namespace, key, len(view), crc32c(view))
@@ -252,7 +262,7 @@ class MooncakeTier(SecondaryTier):
             sizes.append([h, len(view)])
         return ptrs, sizes, rows
 
-    def _store_batch(self, items, scratch: _Scratch) -> tuple[list[bool], int]:
+    def _store_batch(self, items: Items, scratch: _Scratch) -> tuple[list[bool], int]:
         ptrs, sizes, _ = self._buffers(scratch, items, load=False)
         keys = [self.key_of(k) for k, _ in items]
         codes = self._store.batch_put_from_multi_buffers(keys, ptrs, sizes, self._replicate)
@@ -271,7 +281,9 @@ class MooncakeTier(SecondaryTier):
         )
         return oks, moved
 
-    def _load_batch(self, items, first: int, scratch: _Scratch):
+    def _load_batch(
+        self, items: Items, first: int, scratch: _Scratch
+    ) -> tuple[list[bool], int] | tuple[list[bool], int, TierBufferSizeError]:
         """Loads `items` (the job's from index `first` on): per key verified or not, the
         bytes moved, and the first buffer of the wrong length (a caller's error)."""
         oks = [False] * len(items)
@@ -308,9 +320,10 @@ class MooncakeTier(SecondaryTier):
 
     def _verify(self, mkey: str, key: bytes, out: memoryview, head: np.ndarray) -> bool:
         hdr = check_header(head, namespace=self._namespace, key=key, payload_len=len(out))
-        reason = hdr if isinstance(hdr, str) else None
-        if reason is None and crc32c(out) != hdr.payload_crc:
-            reason = "payload checksum mismatch"
+        if isinstance(hdr, str):
+            reason: str | None = hdr
+        else:
+            reason = "payload checksum mismatch" if crc32c(out) != hdr.payload_crc else None
         if reason is None:
             return True
         self._bad(mkey, reason)

@@ -62,6 +62,9 @@ _MAX_RETRY_S = 30.0
 # A buffer's exporter at least this large (a host pool, vLLM's primary view) is
 # registered with Mooncake once, whole; smaller ones are a caller's scratch rows.
 REGISTER_MIN_BYTES = 4 << 20
+# Exporters registered on first use, at most (each stays referenced until close): a
+# caller handing ever new large buffers must not pin them all.
+MAX_AUTO_REGIONS = 16
 
 
 class MooncakeUnavailableError(TierStateError):
@@ -79,8 +82,8 @@ def import_store() -> Any:
     except ImportError as e:  # the package, or one of its libraries (libibverbs1, ...)
         raise MooncakeUnavailableError(
             f"the Mooncake tier needs Mooncake's Python client, which does not import here "
-            f"({e}); install it: pip install '{PACKAGE}' (and, on Debian/Ubuntu, apt-get "
-            "install libibverbs1 librdmacm1 libnuma1)"
+            f"({e}); install it: pip install '{PACKAGE}' (or the `mooncake` extra; and, on "
+            "Debian/Ubuntu, apt-get install libibverbs1 librdmacm1 libnuma1)"
         ) from None
     return MooncakeDistributedStore
 
@@ -116,8 +119,9 @@ def _root(buf: Any) -> Any:
 
 class Regions:
     """The memory registered with Mooncake (`register_buffer`): a buffer's whole
-    exporter, once, when it is large (a host pool's rows); `close()` unregisters it.
-    Registered exporters are kept referenced, so their addresses stay theirs."""
+    exporter, once, when it is large (a host pool's rows; at most `MAX_AUTO_REGIONS`
+    so, more by `register`); `close()` unregisters them. Registered exporters are kept
+    referenced, so their addresses stay theirs."""
 
     def __init__(self, store: Any) -> None:
         self._store = store
@@ -154,7 +158,9 @@ class Regions:
                 n = memoryview(root).nbytes
             except (TypeError, ValueError):
                 return False
-            if n < REGISTER_MIN_BYTES or not self.register(view):
+            if n < REGISTER_MIN_BYTES or len(self._regions) >= MAX_AUTO_REGIONS:
+                return False
+            if not self.register(view):
                 return False
             entry = self._regions[id(root)]
         _, start, n = entry

@@ -204,3 +204,27 @@ def test_an_entry_of_another_length_is_kept_and_the_load_raises(tier):
     assert e.value.result.ok == (False, False)
     assert tier.contains([key(5)]) == [True] and tier.stats().corrupt == 0
     assert _load(tier, [5], 2 * N) == [True]
+
+
+def test_rows_outside_registered_memory_are_staged_where_the_transport_needs_it(tier, store):
+    # RDMA moves registered memory only: rows elsewhere go through the thread's
+    # registered scratch. Forced on this TCP tier (no RDMA device here), the same path.
+    tier._rdma = True
+    for s in tier._scratch:
+        s._register = True
+    assert tier.submit_store([(key(i), payload(key(i), N)) for i in range(6)]).result(30).all_ok
+    assert tier._regions._regions == {}  # small rows: staged, not registered
+    assert _load(tier, range(6)) == [True] * 6  # staged back, byte for byte
+    value = store.raw.get(tier.key_of(key(3)))
+    _rewrite(store, tier, key(3), DAMAGE["the payload's first byte"](value))
+    assert _load(tier, [3, 4]) == [False, True] and tier.stats().corrupt == 1
+
+
+def test_ever_new_large_buffers_are_not_all_kept(tier, monkeypatch):
+    monkeypatch.setattr(mc, "MAX_AUTO_REGIONS", 2)
+    for i in range(4):  # a caller's fresh 4 MiB buffer per job
+        big = np.zeros(4 << 20, np.uint8)
+        big[:N] = payload(key(i), N)
+        assert tier.submit_store([(key(i), big[:N])]).result(30).all_ok
+    assert len(tier._regions._regions) == 2  # the first two; the rest move unregistered
+    assert _load(tier, range(4)) == [True] * 4

@@ -119,8 +119,9 @@ def test_a_storage_node_holding_entries_killed():
 
 
 def test_the_store_full_evicts_on_its_own():
-    # One 32 MB segment; leases short enough that what was read may be evicted.
-    flags = ("--default_kv_lease_ttl=100", "--eviction_high_watermark_ratio=0.8")
+    # One 32 MB segment; leases (a read object is not evicted for that long) short enough
+    # that what was read may be evicted soon, long enough for a read on 2 busy cores.
+    flags = ("--default_kv_lease_ttl=1000", "--eviction_high_watermark_ratio=0.8")
     store = MooncakeStore(segment="32MB", master_flags=flags)
     n = 1 << 20
     tier = open_tier(store)
@@ -138,7 +139,25 @@ def test_the_store_full_evicts_on_its_own():
         assert sum(hits) * n <= 32e6, "more entries than the segment holds"
         assert any(hits[-16:]) and not all(hits[:32]), "the old ones go first"
         assert tier.stats().corrupt == 0
-        assert t.store([500]).all_ok and t.load([500]) == [True]  # room again
+        until(lambda: t.store([500]).all_ok, timeout=10)  # room again once leases end
+        assert t.load([500]) == [True]
+    finally:
+        tier.close()
+        store.stop()
+
+
+def test_with_two_replicas_a_killed_node_costs_misses_only_until_the_master_notices():
+    store = MooncakeStore(nodes=2, segment="64MB", master_flags=("--client_ttl=2",))
+    tier = open_tier(store, replica_num=2)
+    t = Timed(tier)
+    try:
+        ids = range(32)
+        assert t.store(ids).all_ok
+        store.kill_node(1)
+        t.load(ids)  # a key whose chosen replica was on the dead node misses at first
+        # Once the master has unmounted the dead segment, every key's other copy serves.
+        until(lambda: all(t.load(ids)), timeout=20)
+        assert tier.stats().corrupt == 0
     finally:
         tier.close()
         store.stop()
