@@ -5,7 +5,8 @@ one worker per rank over its shard of a reference cache, certified by vLLM's own
 `_layer_mapping`) stores a prefix; the cascade writes each chunk's canonical pages into
 the tier. Fresh engines at TP=1 and TP=4 (other engine ids: other, empty host rows) find
 the prefix in the tier, vLLM promotes it, and every rank loads its own heads bit for
-bit. A direct (per-rank) engine of the same model misses those entries, and a canonical
+bit (through the disk tier, a Redis server and a 3-primary Redis Cluster). A direct
+(per-rank) engine of the same model misses those entries, and a canonical
 engine misses a direct engine's.
 """
 
@@ -151,10 +152,15 @@ def keys(v, n, seed):
     return [v.base.make_offload_key(f"{seed}:{i}".encode().ljust(32, b"."), 0) for i in range(n)]
 
 
-@pytest.fixture(params=["disk", "redis"])
+@pytest.fixture(params=["disk", "redis", "cluster"])
 def tier(request, tmp_path):
     if request.param == "disk":
         yield {"type": "disk", "path": str(tmp_path / "tier"), "capacity_bytes": "64MiB"}
+        return
+    if request.param == "cluster":  # the session's 3-primary cluster, a prefix of our own
+        cluster = request.getfixturevalue("redis_cluster")
+        prefix = f"vllm-tp-{uuid.uuid4().hex[:8]}:jkv"
+        yield {"type": "redis", "url": cluster.url, "cluster": "on", "key_prefix": prefix}
         return
     if REDIS_SERVER is None:
         pytest.skip(NO_REDIS)
