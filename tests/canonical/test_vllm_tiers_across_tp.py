@@ -265,3 +265,35 @@ def test_with_fewer_kv_heads_than_ranks_a_larger_tp_misses_and_never_reads_wrong
                     assert v.torch.equal(got[blocks].view(v.torch.int16), want.view(v.torch.int16))
         finally:
             reader.close()
+
+
+def test_direct_rows_of_another_tp_size_are_misses_not_wrong_bytes(tmp_path):
+    # A row of direct pages holds each rank's slice of every layer in the rank's own
+    # area: at TP=4 the same KV sits in other bytes of a row of the same length, so the
+    # topology stays in the namespace of direct rows (vLLM's agnostic claim
+    # notwithstanding). Before: the TP=4 engine hit and loaded wrong bytes (valid CRCs).
+    v = _vllm()
+    form, heads = "split-nhd", 4
+    full = full_caches(v, form, heads, seed=4)
+    tier = {"type": "disk", "path": str(tmp_path / "tier"), "capacity_bytes": "64MiB"}
+    ks = keys(v, CHUNKS, seed="direct")
+    writer = Engine(v, form, 2, heads, full, [tier], canonical=False)
+    try:
+        writer.store(ks)
+    finally:
+        writer.close()
+    for tp, expect in ((4, "MISS"), (2, "HIT")):
+        zeros = [f.clone().zero_() for f in full]
+        reader = Engine(v, form, tp, heads, zeros, [tier], canonical=False)
+        try:
+            answers, _, ctx = reader.lookup(ks, timeout=10.0 if expect == "HIT" else 3.0)
+            assert [a.name for a in answers] == [expect] * CHUNKS, (tp, answers)
+            if expect == "MISS":
+                continue
+            reader.load(ks, ctx)  # the same TP size: the rows are its own
+            for r, caches in enumerate(reader.caches):
+                for got, f in zip(caches, full, strict=True):
+                    want = shard(form, f, tp, r, heads)[BLOCKS]
+                    assert v.torch.equal(got[BLOCKS].view(v.torch.int16), want.view(v.torch.int16))
+        finally:
+            reader.close()
