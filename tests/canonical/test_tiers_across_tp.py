@@ -61,12 +61,12 @@ def across_tp(tiers: list[dict]) -> None:
     assert direct["hit"] == 0 and direct["promoted"] == [0], direct
 
 
-@pytest.mark.slow  # four engine processes: ~25 s on the loaded 2-core machine
+@pytest.mark.slow  # four engine processes: 25-60 s on the loaded 2-core machine
 def test_a_tp2_prefix_loads_at_tp1_and_tp4_through_the_disk_tier(tmp_path):
     across_tp([{"type": "disk", "path": str(tmp_path / "tier"), "capacity_bytes": "64MiB"}])
 
 
-@pytest.mark.slow  # four engine processes: ~25 s on the loaded 2-core machine
+@pytest.mark.slow  # four engine processes: 25-60 s on the loaded 2-core machine
 def test_a_tp2_prefix_loads_at_tp1_and_tp4_through_a_redis_cluster(redis_cluster):
     prefix = f"tp-{uuid.uuid4().hex[:8]}:jkv"  # the session's cluster is shared
     across_tp([{"type": "redis", "url": redis_cluster.url, "cluster": "on", "key_prefix": prefix}])
