@@ -187,7 +187,7 @@ def build_tiering_manager(spec: Any, store: Any) -> Any:
             secondary_tiers=tiers,
             tier_poll_interval_s=host.tier_poll_interval_s,
         )
-    except BaseException:
+    except BaseException:  # on any exit: the tiers and the host tier are shut down
         for tier in reversed(tiers or []):
             with contextlib.suppress(Exception):
                 tier.shutdown()

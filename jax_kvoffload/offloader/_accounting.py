@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Mapping
 
+from jax_kvoffload.hostmem import HostCopies
 from jax_kvoffload.stats import OffloadStats, TierSource, TransferTally, store_side
 
 __all__ = ["OffloaderAccounting"]
@@ -25,6 +26,7 @@ class OffloaderAccounting:
       blocks_per_chunk: blocks per chunk.
       tiers: returns the secondary tiers' `TierStats` (the tier path's `summary`), or
         None without tiers.
+      host_copies: the pool's `HostCopies` (the KV bytes it copied with the CPU).
     """
 
     def __init__(
@@ -33,6 +35,7 @@ class OffloaderAccounting:
         tokens_per_block: Mapping[int, int],
         blocks_per_chunk: int,
         tiers: TierSource | None = None,
+        host_copies: HostCopies | None = None,
     ) -> None:
         self._store = store
         self._tokens_per_block = dict(tokens_per_block)
@@ -43,6 +46,7 @@ class OffloaderAccounting:
         self._prefix_hit_tokens = 0
         self.transfers = TransferTally()
         self._tiers = tiers
+        self._host_copies = host_copies
 
     def on_lookup(self, group: int, hit_chunks: int, prefix_blocks: int) -> None:
         """One `lookup` call: `hit_chunks` chunks answered HIT, `prefix_blocks` returned."""
@@ -65,10 +69,13 @@ class OffloaderAccounting:
             )
         store, load = self.transfers.totals()
         tiers = self._tiers() if self._tiers is not None else ()
+        copied = (0, 0) if self._host_copies is None else self._host_copies.snapshot()
         return OffloadStats(
             **store_side(self._store, hit_tokens, tiers),
             prefix_lookups=calls,
             prefix_hit_tokens=prefix,
             store=store,
             load=load,
+            host_copied_stored=copied[0],
+            host_copied_loaded=copied[1],
         )

@@ -18,7 +18,11 @@ process that is scheduler and worker at once:
   `_promotions_held`): one of them may still read or write a freed row.
 
 Everything here runs on the offloader's caller thread, under its guard; the tiers'
-threads only move bytes and complete futures.
+threads only move bytes and complete futures. Plain code: the offloader calls each
+method that changes the store or the path (`process`, `cascade`, `promote`, `hold`,
+`close`) inside its `deferred_interrupts` block, and the ones that block (`plan_lookup`
+asks the tiers, `wait` / `drain`) outside it; those change nothing but counters, so an
+interrupt in them loses nothing.
 """
 
 from __future__ import annotations
@@ -36,9 +40,8 @@ from jax_kvoffload.hostmem import HostPool
 from jax_kvoffload.offloader._tier_stats import TierCounts
 from jax_kvoffload.store import HostStore, LookupResult
 from jax_kvoffload.tiers import SecondaryTier, TierBufferSizeError, TierJobResult
-from jax_kvoffload.transfer.internals import deferred_interrupts
 
-__all__ = ["PromotionMissError", "TierPath", "prefix_chunks"]
+__all__ = ["LookupPlan", "PromotionMissError", "TierPath", "prefix_chunks"]
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +50,20 @@ _DRAIN_STEP_S = 0.1  # drain in short waits: an interrupt is seen between them
 
 class PromotionMissError(KVOffloadStateError):
     """A key a load waited for missed its promotion (the load job fails: recompute)."""
+
+
+@dataclass
+class LookupPlan:
+    """What a lookup found (`TierPath.plan_lookup`): the host's hits, the tier holding
+    each key the host lacks, the prefix counted, and the promotions its load needs."""
+
+    keys: list[bytes]
+    window: int | None
+    host: list[bool]  # HIT in the host now
+    need: range  # the chunks a load of the counted prefix reads
+    fetch: list[int]  # of those, the ones only a tier holds (to promote)
+    fetch_tiers: list[int]  # the tier holding each of `fetch`
+    found: int  # chunks present anywhere (`hit_tokens`)
 
 
 @dataclass
@@ -137,18 +154,10 @@ class TierPath:
             todo = [i for i, hit in zip(todo, found, strict=True) if not hit]
         return where
 
-    def lookup(
-        self, group: int, keys: list[bytes], window: int | None, wait: bool
-    ) -> tuple[int, int]:
-        """Chunks loadable now from the host, after promoting the tiers' hits; and the
-        chunks found (answered HIT by the host, or held by a tier: `hit_tokens`).
-
-        Counts the longest prefix (`prefix_chunks`) present in the host, in a promotion
-        in flight, or in a tier; promotes the tier hits the load of that prefix needs
-        (keeping its host hits from being evicted for them); with `wait`, waits for those
-        promotions and counts again from the host alone. Without `wait` the host's
-        count now: promotions finish in the background and a later lookup sees them.
-        """
+    def plan_lookup(self, keys: list[bytes], window: int | None) -> LookupPlan:
+        """Counts the longest prefix (`prefix_chunks`) present in the host, in a promotion
+        in flight, or in a tier (asked now: bounded calls), and which of its chunks a
+        load needs promoted. Changes nothing but lookup counts."""
         store = self._store
         state = [store.lookup(k) for k in keys]
         host = [s is LookupResult.HIT for s in state]
@@ -162,23 +171,34 @@ class TierPath:
         present = [h or p or t is not None for h, p, t in
                    zip(host, promoting, tier_of, strict=True)]  # fmt: skip
         n = prefix_chunks(present, window)
-        found = sum(present)
         need = range(0 if window is None else max(0, n - window), n)
-        fetch = [i for i in need if tier_of[i] is not None]
+        fetch = [(i, t) for i in need if (t := tier_of[i]) is not None]
+        return LookupPlan(
+            keys, window, host, need, [i for i, _ in fetch], [t for _, t in fetch], sum(present)
+        )
+
+    def promote_plan(self, group: int, plan: LookupPlan) -> list[_TierJob]:
+        """Promotes the tier hits the load of the counted prefix needs (keeping its host
+        hits from being evicted for them); returns the promotions it waits for."""
+        keys = plan.keys
         self.promote(
             group,
-            [keys[i] for i in fetch],
-            [tier_of[i] for i in fetch],
-            protect=[keys[i] for i in need if host[i]],
+            [keys[i] for i in plan.fetch],
+            plan.fetch_tiers,
+            protect=[keys[i] for i in plan.need if plan.host[i]],
         )
-        if not wait:
-            return prefix_chunks(host, window), found
-        jobs = {id(j): j for i in need if (j := self._pending.get(keys[i])) is not None}
-        self.wait(list(jobs.values()))
-        for i in need:
-            if not host[i]:
-                host[i] = self.host_state(keys[i]) is LookupResult.HIT
-        return prefix_chunks(host, window), found
+        jobs = {id(j): j for i in plan.need if (j := self._pending.get(keys[i])) is not None}
+        return list(jobs.values())
+
+    def loadable(self, plan: LookupPlan, recount: bool) -> int:
+        """Chunks loadable from the host now: as planned, or (`recount`, once the
+        promotions were waited for and processed) counted again from the host."""
+        host = list(plan.host)
+        if recount:
+            for i in plan.need:
+                if not host[i]:
+                    host[i] = self.host_state(plan.keys[i]) is LookupResult.HIT
+        return prefix_chunks(host, plan.window)
 
     # -- cascades -------------------------------------------------------------------------
 
@@ -186,24 +206,23 @@ class TierPath:
         """Hands the chunks of a completed store to every tier (pinned meanwhile)."""
         store = self._store
         for t, tier in enumerate(self.tiers):
-            with deferred_interrupts():  # the pins and the job's record go together
-                chunks = store.prepare_load(keys)  # vLLM's prepare_read: no access recorded
-                try:
-                    rows = [self._pool.chunk_row(group, c) for c in chunks]
-                    items = list(zip(keys, rows, strict=True))
-                    future = tier.submit_store(items)
-                except BaseException as exc:
-                    self.counts.add(t, "cascade_failed", len(keys))
-                    self._orphans.append((store.cache_generation, "unpin", keys))
-                    self._settle_orphans()  # no job: no pins either
-                    if not isinstance(exc, Exception):
-                        raise
-                    logger.exception("secondary tier %d: cascade of %d keys failed", t, len(keys))
-                    continue
-                self._jobs.append(
-                    _TierJob(t, group, keys, store.cache_generation, future, promotion=False)
-                )
-                self.counts.add(t, "cascade_jobs", 1)
+            chunks = store.prepare_load(keys)  # vLLM's prepare_read: no access recorded
+            try:
+                rows = [self._pool.chunk_row(group, c) for c in chunks]
+                items = list(zip(keys, rows, strict=True))
+                future = tier.submit_store(items)
+            except BaseException as exc:  # on any exit: no job will drop these pins
+                self.counts.add(t, "cascade_failed", len(keys))
+                self._orphans.append((store.cache_generation, "unpin", keys))
+                self._settle_orphans()
+                if not isinstance(exc, Exception):
+                    raise
+                logger.exception("secondary tier %d: cascade of %d keys failed", t, len(keys))
+                continue
+            self._jobs.append(
+                _TierJob(t, group, keys, store.cache_generation, future, promotion=False)
+            )
+            self.counts.add(t, "cascade_jobs", 1)
 
     # -- promotions -----------------------------------------------------------------------
 
@@ -224,27 +243,26 @@ class TierPath:
         if not keys:
             return []
         store = self._store
-        with deferred_interrupts():
-            out = store.prepare_store([*protect, *keys])
-            if out is None:  # no room: these keys stay where they are
-                for t in set(tier_of):
-                    self.counts.add(t, "promotion_no_room", sum(1 for x in tier_of if x == t))
-                return []
-            chunk_of = dict(zip(out.keys_to_store, out.chunk_ids, strict=True))
-            unsent = dict.fromkeys(out.keys_to_store)  # allocated, not yet with a tier
-            started: list[bytes] = []
-            try:
-                for t in sorted(set(tier_of)):
-                    mine = [k for k, x in zip(keys, tier_of, strict=True) if x == t and k in unsent]
-                    if mine:
-                        started += self._submit_promotion(t, group, mine, chunk_of)
-                        for k in mine:
-                            del unsent[k]
-            finally:
-                if unsent:  # an interrupt: free what no tier will fill
-                    self._orphans.append((store.cache_generation, "free", list(unsent)))
-                    self._settle_orphans()
-            return started
+        out = store.prepare_store([*protect, *keys])
+        if out is None:  # no room: these keys stay where they are
+            for t in set(tier_of):
+                self.counts.add(t, "promotion_no_room", sum(1 for x in tier_of if x == t))
+            return []
+        chunk_of = dict(zip(out.keys_to_store, out.chunk_ids, strict=True))
+        unsent = dict.fromkeys(out.keys_to_store)  # allocated, not yet with a tier
+        started: list[bytes] = []
+        try:
+            for t in sorted(set(tier_of)):
+                mine = [k for k, x in zip(keys, tier_of, strict=True) if x == t and k in unsent]
+                if mine:
+                    started += self._submit_promotion(t, group, mine, chunk_of)
+                    for k in mine:
+                        del unsent[k]
+        finally:
+            if unsent:  # on any exit: free what no tier will fill
+                self._orphans.append((store.cache_generation, "free", list(unsent)))
+                self._settle_orphans()
+        return started
 
     def _submit_promotion(
         self, t: int, group: int, keys: list[bytes], chunk_of: dict[bytes, int]
@@ -295,16 +313,15 @@ class TierPath:
 
     def process(self, only: Sequence[_TierJob] | None = None) -> None:
         """Records every tier job that has ended (or those of `only` that have)."""
-        with deferred_interrupts():
-            self._settle_orphans()
+        self._settle_orphans()
         for job in list(self._jobs if only is None else only):
             if job.future.done() and job in self._jobs:
-                with deferred_interrupts():
-                    self._finish(job)
-                    self._jobs.remove(job)
+                self._finish(job)
+                self._jobs.remove(job)
 
     def wait(self, jobs: Sequence[_TierJob] | None = None, timeout: float | None = None) -> bool:
-        """Waits (interruptibly) for tier jobs to end, then records them; False on timeout."""
+        """Waits (interruptibly) for tier jobs to end; False on timeout. Records nothing:
+        `process` them afterwards."""
         targets = list(self._jobs if jobs is None else jobs)
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
@@ -313,20 +330,20 @@ class TierPath:
                 break
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
-                self.process(targets)
                 return False
             step = _DRAIN_STEP_S if left is None else min(left, _DRAIN_STEP_S)
             wait_futures(pending, timeout=step)
-        self.process(targets)
         return True
 
     def drain(self) -> None:
-        """Waits for every tier job (reset, close): bounded by the tiers' own timeouts."""
+        """Waits for every tier job (reset, close): bounded by the tiers' own timeouts.
+        Records nothing: `process` them afterwards."""
         self.wait()
 
     def close(self, own: bool) -> None:
-        """Ends the path: every job recorded; the tiers closed when `own`."""
-        self.drain()
+        """Ends the path once `drain` returned: every job recorded; the tiers closed
+        when `own`."""
+        self.process()
         if own:
             for tier in self.tiers:
                 tier.close()

@@ -4,7 +4,8 @@ The offloader owns one; the book is given, when built, the parts a job's end tou
 the host store (its keys are recorded there), the transfer engine (is a job still in
 it?), the tier path (a completed store cascades; a load that waited for promotions
 takes the keys they pinned for it) and the accounting (each reported job is counted).
-Runs on the caller's thread, under the offloader's guard.
+Plain code: it runs on the caller's thread, under the offloader's guard, and each
+call that changes the book runs inside the offloader's `deferred_interrupts` block.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from jax_kvoffload.offloader._cascade import TierPath
 from jax_kvoffload.offloader._checks import OffloaderError
 from jax_kvoffload.store import HostStore
 from jax_kvoffload.transfer import Direction, TransferEngine, TransferResult
-from jax_kvoffload.transfer.internals import deferred_interrupts
 
 __all__ = ["Job", "JobBook"]
 
@@ -117,17 +117,16 @@ class JobBook:
 
     def abandon(self, job: int) -> None:
         """Undoes a job whose `store` / `load` call raised: the caller never got its id."""
-        with deferred_interrupts():
-            record = self._jobs[job]
-            if self._engine.knows(job):
-                # Submitted after all (the interrupt came later): it ends unreported; a
-                # load must then not write blocks the caller believes untouched.
-                record.visible = False
-                if record.direction is Direction.LOAD:
-                    self._engine.discard(job)
-                return
-            self._release(record, success=False, job_id=job)
-            del self._jobs[job]
+        record = self._jobs[job]
+        if self._engine.knows(job):
+            # Submitted after all (the interrupt came later): it ends unreported; a
+            # load must then not write blocks the caller believes untouched.
+            record.visible = False
+            if record.direction is Direction.LOAD:
+                self._engine.discard(job)
+            return
+        self._release(record, success=False, job_id=job)
+        del self._jobs[job]
 
     def _release(self, record: Job, success: bool, job_id: int) -> None:
         """Tells the store a job's keys are done with (unless a reset forgot them); a

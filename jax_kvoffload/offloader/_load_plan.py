@@ -18,10 +18,10 @@ __all__ = ["locate_missing", "prepare_load"]
 
 def locate_missing(tiers: TierPath | None, keys: list[bytes]) -> dict[bytes, int]:
     """The tier holding each key the host lacks (bounded tier calls; none while
-    promotions are held after a reset)."""
+    promotions are held after a reset). Changes nothing but the tiers' lookup counts:
+    the offloader runs it outside its deferred-interrupt block, interruptible."""
     if tiers is None:
         return {}
-    tiers.process()
     missing = [k for k in keys if tiers.host_state(k) is LookupResult.MISS]
     if not missing or tiers.promotions_held():
         return {}
@@ -54,7 +54,7 @@ def prepare_load(
     found = list({k: t for k, t in zip(missing, where, strict=True) if t is not None}.items())
     try:
         started = tiers.promote(g, [k for k, _ in found], [t for _, t in found], protect=ready)
-    except BaseException:  # no job will unpin them: the caller gets no id
+    except BaseException:  # on any exit: no job will unpin them, the caller gets no id
         store.complete_load(ready)
         raise
     if len(started) < len(found):

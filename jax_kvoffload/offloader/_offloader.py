@@ -30,6 +30,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from jax_kvoffload._interrupts import SingleCaller, deferred_interrupts
 from jax_kvoffload.assembly import engine_pages
 from jax_kvoffload.config import OffloadingConfig
 from jax_kvoffload.errors import KVOffloadStateError
@@ -59,11 +60,7 @@ from jax_kvoffload.transfer import (
     TransferEngine,
     TransferResult,
 )
-from jax_kvoffload.transfer.internals import (
-    SingleCaller,
-    check_distinct,
-    deferred_interrupts,
-)
+from jax_kvoffload.transfer.internals import check_distinct
 
 __all__ = ["KVOffloader", "OffloaderError", "OffloaderStateError"]
 
@@ -87,8 +84,9 @@ class KVOffloader:
       cpu_bytes_to_use: host budget; defaults to the extra config's `cpu_bytes_to_use`.
       eviction_policy: "lru" or "arc"; defaults to the extra config's, else "lru".
       host_pool: "numpy" (rows allocated once) or "pinned" (the host arrays of the
-        device-to-host copies are the rows: no host copy); default the extra config's
-        `host_pool`, else "numpy".
+        device-to-host copies are the rows: no host copy), or "auto" ("pinned" for
+        caches on an accelerator, else "numpy"); default the extra config's
+        `host_pool`, else "auto".
       tiers: secondary tiers already opened, used instead of the extra config's
         `secondary_tiers` (the caller closes them; the offloader closes those it opens).
       backend, interpret: kernel backend for `pallas_kernels` ("auto" by platform).
@@ -137,7 +135,7 @@ class KVOffloader:
             self._engine = TransferEngine(
                 caches, self._pool, backend=backend, interpret=interpret, max_bucket=max_bucket
             )
-        except BaseException:
+        except BaseException:  # on any exit: the tiers it opened are closed, not leaked
             if tiers is None:
                 for tier in parts.tiers:
                     tier.close()
@@ -148,7 +146,9 @@ class KVOffloader:
         self._guard = SingleCaller("KVOffloader", OffloaderStateError)
         tokens = {g.group_id: g.tokens_per_block for g in config.groups}
         tier_counts = None if self._tiers is None else self._tiers.counts.summary
-        self._stats = OffloaderAccounting(self._store, tokens, self._bpc, tier_counts)
+        self._stats = OffloaderAccounting(
+            self._store, tokens, self._bpc, tier_counts, self._pool.host_copies
+        )
         self._jobs = JobBook(self._store, self._engine, self._tiers, self._stats)
         self._closed = False
         self.config = config
@@ -241,8 +241,7 @@ class KVOffloader:
             keys = [make_offload_key(h, g) for h in self._chunk_hashes(check_hashes(block_hashes))]
             window = self._groups[g].sliding_window_size_in_chunks
             if self._tiers is not None:
-                self._tiers.process()
-                n, found = self._tiers.lookup(g, keys, window, wait)
+                n, found = self._tier_lookup(g, keys, window, wait)
                 self._stats.on_lookup(g, found, n * self._bpc)  # in the host or a tier
                 return n * self._bpc
             hits = [self._store.lookup(k) is LookupResult.HIT for k in keys]
@@ -264,7 +263,10 @@ class KVOffloader:
             if self._jobs.has_unsettled or self._engine.has_finished():
                 with deferred_interrupts():  # completed stores cascade first
                     self._jobs.settle(self._engine.get_finished())
-            return self._tiers.wait(timeout=timeout)
+            done = self._tiers.wait(timeout=timeout)  # blocks; changes nothing
+            with deferred_interrupts():
+                self._tiers.process()
+            return done
 
     # -- transfers ------------------------------------------------------------------
 
@@ -293,7 +295,8 @@ class KVOffloader:
             if self._tiers is not None:
                 # Finished cascades unpin their chunks first, so the store can evict
                 # them (vLLM's tiering prepare_store polls its tiers for this reason).
-                self._tiers.process()
+                with deferred_interrupts():
+                    self._tiers.process()
             return self._start_store(g, keys, ids, offered)
 
     def load(
@@ -322,7 +325,8 @@ class KVOffloader:
         with self._guard:
             self._check_open()
             if self._tiers is not None:
-                self._tiers.process()
+                with deferred_interrupts():
+                    self._tiers.process()
             # The common idle poll is cheap.
             if self._jobs.has_unsettled or self._engine.has_finished():
                 with deferred_interrupts():
@@ -344,8 +348,8 @@ class KVOffloader:
             self._engine.join(in_engine)  # blocks; may be interrupted, changes nothing
             with deferred_interrupts():
                 self._jobs.settle(self._engine.wait(in_engine))
-            if self._tiers is not None:
-                self._tiers.process()  # finished tier jobs release their pins
+                if self._tiers is not None:
+                    self._tiers.process()  # finished tier jobs release their pins
             return self._jobs.take_ready(ids)
 
     def reset_cache(self) -> None:
@@ -362,6 +366,8 @@ class KVOffloader:
                 # drain_jobs); interruptible, and nothing has changed until it returns.
                 self._tiers.drain()
             with deferred_interrupts():
+                if self._tiers is not None:
+                    self._tiers.process()
                 self._store.reset_cache()
                 if self._tiers is not None:
                     generation = self._store.cache_generation
@@ -379,7 +385,7 @@ class KVOffloader:
             with deferred_interrupts():
                 self._jobs.settle(self._engine.get_finished())
             if self._tiers is not None:
-                self._tiers.drain()  # cascades reach the tiers; interruptible
+                self._tiers.drain()  # cascades reach the tiers; blocks, changes nothing
             with deferred_interrupts():
                 self._engine.close()
                 if self._tiers is not None:
@@ -443,14 +449,18 @@ class KVOffloader:
             blocks = tuple(b for key in out.keys_to_store for b in ids[position[key]])
             transfer = GroupTransfer(g, blocks, tuple(out.chunk_ids))
             self._engine.submit_store(job, [transfer])
-        except BaseException:
+        except BaseException:  # on any exit: the caller gets no id, so no job is left
             if job is not None:
-                self._jobs.abandon(job)
+                with deferred_interrupts():
+                    self._jobs.abandon(job)
             raise
         return job
 
     def _start_load(self, g: int, keys: list[bytes], ids: list[list[int]]) -> int:
         job = None
+        if self._tiers is not None:
+            with deferred_interrupts():
+                self._tiers.process()
         where = locate_missing(self._tiers, keys)  # tier I/O: outside the deferred block
         try:
             with deferred_interrupts():
@@ -469,8 +479,28 @@ class KVOffloader:
                 )
             else:
                 self._engine.submit_load(job, [transfer])
-        except BaseException:
+        except BaseException:  # on any exit: the caller gets no id, so no job is left
             if job is not None:
-                self._jobs.abandon(job)
+                with deferred_interrupts():
+                    self._jobs.abandon(job)
             raise
         return job
+
+    def _tier_lookup(
+        self, g: int, keys: list[bytes], window: int | None, wait: bool
+    ) -> tuple[int, int]:
+        """`lookup` with tiers: (chunks loadable now, chunks found in the host or a
+        tier). Each step that changes the store holds SIGINT; asking the tiers and
+        waiting for the promotions are interruptible and change nothing."""
+        tiers = self._tiers
+        assert tiers is not None
+        with deferred_interrupts():
+            tiers.process()
+        plan = tiers.plan_lookup(keys, window)  # asks the tiers: bounded calls
+        with deferred_interrupts():
+            promotions = tiers.promote_plan(g, plan)
+        if wait:
+            tiers.wait(promotions)  # bounded by the tiers' timeouts
+            with deferred_interrupts():
+                tiers.process(promotions)
+        return tiers.loadable(plan, recount=wait), plan.found

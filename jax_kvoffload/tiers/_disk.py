@@ -125,7 +125,7 @@ class DiskTier(SecondaryTier):
                 f"directories) in the tier "
                 f"directory {config.path!r}: {e.strerror or e}"
             ) from None
-        except BaseException:
+        except BaseException:  # on any exit: the directory descriptors are closed
             self._close_fds()
             raise
         probed = config.direct_io != "off" and probe_direct_io(self._ns_fd)
@@ -161,7 +161,7 @@ class DiskTier(SecondaryTier):
                 target=self._rescan, name="disk-tier-rescan", daemon=True
             )
             start_threads([self._scanner], **TIER_THREADS)
-        except BaseException:
+        except BaseException:  # on any exit: the threads and descriptors go
             self._scan_exited.set()  # no scanner runs
             self._close_io()
             raise

@@ -246,7 +246,7 @@ def then(future: cf.Future, fn) -> cf.Future:
     def done(f: cf.Future) -> None:
         try:
             out.set_result(fn(f.result()))
-        except BaseException as e:
+        except BaseException as e:  # any failure: the future must complete
             out.set_exception(e)
 
     future.add_done_callback(done)

@@ -11,15 +11,14 @@ slow tier. Every job's future completes exactly once, also when the runner close
 from __future__ import annotations
 
 import concurrent.futures as cf
-import contextlib
 import logging
-import signal
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from jax_kvoffload._interrupts import deferred_interrupts
 from jax_kvoffload._threads import start_threads
 from jax_kvoffload.tiers._base import Counters, TierJobResult
 from jax_kvoffload.tiers._errors import TIER_THREADS, TierBufferSizeError
@@ -141,7 +140,7 @@ class JobRunner:
         keys, tasks = tuple(keys), list(tasks)
         cost = nbytes if kind == "store" else 0
         job = _Job(kind, keys, len(tasks), cost)
-        with _sigint_held(), self._cond:
+        with deferred_interrupts(), self._cond:
             if self._stop:
                 return self._done_now(job, dropped=kind == "store")
             if kind == "store":
@@ -223,7 +222,7 @@ class JobRunner:
             oks, moved, *error = result
             if len(oks) != stop - start or len(error) > 1:  # a bug in the tier, not I/O
                 raise AssertionError(f"task returned {len(oks)} results for {stop - start}")
-        except BaseException:
+        except BaseException:  # any failure of a task (a bug too): its keys failed
             logger.exception("tier %s task failed; its %d keys failed", job.kind, stop - start)
             self._counters.add(errors=1)
             oks, moved, error = [False] * (stop - start), 0, []
@@ -262,28 +261,3 @@ class JobRunner:
             job.future.set_exception(job.error)
         else:
             job.future.set_result(result)
-
-
-@contextlib.contextmanager
-def _sigint_held():
-    """Holds SIGINT (Ctrl-C) until the block ends, then delivers it (main thread only:
-    Python runs signal handlers there alone). The same as the transfer package's
-    `deferred_interrupts`, which tiers may not import."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    try:
-        previous = signal.getsignal(signal.SIGINT)
-    except ValueError:  # an interpreter without signals here
-        previous = None
-    if previous is None or previous in (signal.SIG_IGN, signal.SIG_DFL):
-        yield  # not a Python handler: nothing to hold (or nothing raises)
-        return
-    received: list[int] = []
-    signal.signal(signal.SIGINT, lambda signum, frame: received.append(signum))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-        if received:
-            signal.raise_signal(signal.SIGINT)

@@ -135,7 +135,7 @@ class _Thread:
         the connections, so the thread's next task never reads this one's replies."""
         try:
             return self.exchange.run(op, rkeys)
-        except BaseException:
+        except BaseException:  # on any exit: no half-read connection is reused
             self.links.close()
             raise
 

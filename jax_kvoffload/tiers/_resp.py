@@ -131,7 +131,7 @@ def _connect_tcp(host: str, port: int, timeout: float) -> socket.socket:
         except OSError as e:
             sock.close()
             error = e
-        except BaseException:  # Ctrl-C in connect(): not left to the garbage collector
+        except BaseException:  # on any exit (Ctrl-C in connect()): the socket is closed
             sock.close()
             raise
     raise error or TimeoutError(f"connecting to {host}:{port} took longer than {timeout:g} s")
@@ -179,7 +179,7 @@ class RespConnection:
                     sock.setsockopt(socket.SOL_SOCKET, opt, _SOCK_BUF)
             if ep.tls is not None:
                 sock = ep.tls.wrap_socket(sock, server_hostname=ep.server_name or ep.host)
-        except BaseException as e:
+        except BaseException as e:  # on any exit: the socket is closed
             # Closed now, not when the error is freed: its traceback holds this frame,
             # and a log handler that keeps errors kept a socket per attempt.
             if sock is not None:

@@ -100,7 +100,8 @@ def check_distinct(arrays: Iterable[jax.Array], where: str) -> None:
 
 @dataclass
 class GroupCaches:
-    """A group's device KV arrays (one per layer, or K and V) and their `KVLayout`.
+    """A group's device KV arrays (one per layer, or K and V) and their `KVLayout`
+    (or its name, e.g. "rpa" for ragged-paged-attention v3 caches: `pk.LAYOUT_NAMES`).
 
     The arrays are checked on construction: jax.Arrays (not numpy), one shape and
     dtype, a rank that fits `layout`, at least one block, no array twice.
@@ -110,10 +111,12 @@ class GroupCaches:
     layout: pk.KVLayout
 
     def __post_init__(self) -> None:
+        if isinstance(self.layout, str):  # a layout name: "rpa", "nhd_second", ...
+            self.layout = layout_named(self.layout, "GroupCaches")
         if not isinstance(self.layout, pk.KVLayout):
             raise KVOffloadTypeError(
-                f"layout must be a pallas_kernels.KVLayout (e.g. KVLayout.nhd()), got "
-                f"{type(self.layout).__name__}"
+                f"layout must be a pallas_kernels.KVLayout (e.g. KVLayout.nhd()) or one of "
+                f"the names {list(pk.LAYOUT_NAMES)}, got {type(self.layout).__name__}"
             )
         self.arrays = check_arrays(self.arrays, self.layout, "GroupCaches")
 
@@ -128,8 +131,17 @@ class GroupCaches:
         return self.layout.num_blocks(tuple(self.arrays[0].shape))
 
 
+def layout_named(name: str, where: str) -> pk.KVLayout:
+    """The `KVLayout` called `name` (`pallas_kernels.LAYOUT_NAMES`), or a typed error."""
+    try:
+        return pk.named_layout(name)
+    except pk.LayoutError as e:
+        raise TransferError(f"{where}: layout={name!r}: {e}") from None
+
+
 def _page_bytes(array: Any, layout: pk.KVLayout) -> int:
-    return int(np.prod(layout.page_shape(tuple(array.shape)))) * np.dtype(array.dtype).itemsize
+    itemsize: int = np.dtype(array.dtype).itemsize
+    return int(np.prod(layout.page_shape(tuple(array.shape)))) * itemsize
 
 
 def check_group_caches(caches: object, where: str) -> dict[int, GroupCaches]:

@@ -57,6 +57,7 @@ class CanonicalPoolView(HostPool):
         self.blocks_per_chunk = pool.blocks_per_chunk
         self.bytes_per_block = {g: p.local_block_bytes for g, p in self.plans.items()}
         self.bytes_written = 0  # canonical bytes this rank stored (writer rotation applied)
+        self.host_copies = pool.host_copies  # the relayout copies with the CPU: counted
 
     @property
     def nbytes(self) -> int:
@@ -89,10 +90,13 @@ class CanonicalPoolView(HostPool):
         plan = self._plan(group)
         slots = self.pool.slots(chunk_ids, first, data.shape[0])
         if isinstance(self.pool, HostChunkPool):
-            self.bytes_written += plan.store(self.pool.flat(group), slots, data)
-            return
-        for rows, k, at, pages in self._by_chunk(group, slots):
-            self.bytes_written += plan.store(rows, k, data[at : at + k.size], page_ids=pages)
+            written = plan.store(self.pool.flat(group), slots, data)
+        else:
+            written = 0
+            for rows, k, at, pages in self._by_chunk(group, slots):
+                written += plan.store(rows, k, data[at : at + k.size], page_ids=pages)
+        self.bytes_written += written
+        self.host_copies.add(written, store=True)
 
     def read_blocks(
         self, group: int, chunk_ids: list[int], first: int, n_blocks: int, out: np.ndarray
@@ -101,9 +105,11 @@ class CanonicalPoolView(HostPool):
         plan = self._plan(group)
         slots = self.pool.slots(chunk_ids, first, n_blocks)
         if isinstance(self.pool, HostChunkPool):
-            return plan.load(self.pool.flat(group), slots, out)
-        for rows, k, at, _ in self._by_chunk(group, slots):
-            plan.load(rows, k, out[at : at + k.size])
+            out = plan.load(self.pool.flat(group), slots, out)
+        else:
+            for rows, k, at, _ in self._by_chunk(group, slots):
+                plan.load(rows, k, out[at : at + k.size])
+        self.host_copies.add(out.nbytes, store=False)
         return out
 
     def _by_chunk(self, group: int, slots: np.ndarray):

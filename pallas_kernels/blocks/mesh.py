@@ -58,11 +58,24 @@ def local_plan(caches: Sequence[Any], layout: KVLayout) -> LocalPlan | None:
         return None
     ndim = caches[0].ndim
     spec = tuple(first.spec) + (None,) * (ndim - len(first.spec))
+    # Mesh axes of one device split nothing (``P("data", None, "model")`` with a data
+    # axis of size 1, as tpu-inference shards its caches): read them as unsharded.
+    spec = tuple(_without_trivial(p, first.mesh) for p in spec)
     axis = layout.block_axis
     if any(p is not None for p in spec[: axis + 1]) or all(p is None for p in spec):
         return None
     page = tuple(p for i, p in enumerate(spec) if i != layout.block_axis)
     return LocalPlan(first.mesh, PartitionSpec(*spec), PartitionSpec(None, None, *page))
+
+
+def _without_trivial(entry: Any, mesh: Any) -> Any:
+    if entry is None or entry is PartitionSpec.UNCONSTRAINED:
+        return entry
+    names = entry if isinstance(entry, tuple) else (entry,)
+    kept = tuple(n for n in names if mesh.shape[n] > 1)
+    if not kept:
+        return None
+    return kept if isinstance(entry, tuple) else kept[0]
 
 
 def staging_sharding(caches: Sequence[Any], layout: KVLayout) -> NamedSharding | None:

@@ -1,0 +1,23 @@
+"""The typed errors of the tpu-inference connector (on the library's error root)."""
+
+from __future__ import annotations
+
+from jax_kvoffload.errors import KVOffloadStateError, KVOffloadValueError
+
+__all__ = ["TPUConnectorConfigError", "TPUConnectorStateError"]
+
+
+class TPUConnectorConfigError(KVOffloadValueError):
+    """A configuration the connector does not serve: names the setting, its value and
+    what to use instead."""
+
+    def __init__(self, setting: str, value: object, fix: str) -> None:
+        super().__init__(f"{setting}={value!r}: {fix}")
+        self.setting = setting
+        self.value = value
+        self.fix = fix
+
+
+class TPUConnectorStateError(KVOffloadStateError):
+    """The connector cannot do what the engine asked now (e.g. a worker without its
+    scheduler in this process, a load that did not complete)."""
