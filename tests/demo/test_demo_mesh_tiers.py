@@ -68,7 +68,7 @@ def run_demo(capsys, *args) -> tuple[int, dict]:
     return code, json.loads(capsys.readouterr().out)
 
 
-@pytest.mark.slow  # six engine processes: ~2-3 min on the loaded 2-core machine
+@pytest.mark.slow  # six engine processes: 3.5-4.5 min on the loaded 2-core machine
 def test_a_prefix_written_on_2_devices_is_served_on_4_from_disk_and_a_cluster(
     tmp_path, capsys, redis_cluster
 ):
