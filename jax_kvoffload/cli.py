@@ -145,7 +145,10 @@ def _demo_config(args: argparse.Namespace):
         blocks_per_chunk=args.blocks_per_chunk,
         skip_load=args.skip_load,
         tiers=tiers,
+        mesh_sizes=None if args.mesh_sizes is None else demo.parse_mesh_sizes(args.mesh_sizes),
     )
+    if sizes["mesh_sizes"] is not None and not (args.two_process or args.role):
+        raise demo.DemoConfigError("--mesh-sizes needs --two-process (one mesh per process)")
     demo.ScenarioConfig(model=model, **sizes)  # sizes and tier forms, without jax
     demo.check_tiers(tiers)  # directories, servers
     return demo.ScenarioConfig(model=model, kernel_backend=args.kernel_backend, **sizes)
@@ -207,13 +210,21 @@ def _add_demo(commands: argparse._SubParsersAction) -> None:
         action="append",
         metavar="TIER",
         help="a secondary tier behind the host store: disk:PATH (a private directory) or "
-        "redis://HOST:PORT (a running Redis/Valkey server); repeatable",
+        "redis://HOST:PORT (a running Redis/Valkey server, or any node of a cluster; "
+        "several nodes of one cluster comma-separated); repeatable",
     )
     tiers.add_argument(
         "--two-process",
         action="store_true",
         help="per tier: a writer process stores A's prefix, then a fresh reader process "
         "serves it from the tier; prints the ratio of serving vs recomputing it",
+    )
+    tiers.add_argument(
+        "--mesh-sizes",
+        metavar="W,R",
+        help="with --two-process: the writer's engine on W devices, the reader's on R "
+        "(CPU devices on a CPU host), KV heads sharded over each mesh; canonical pages "
+        "carry the prefix from one tensor-parallel size to the other, e.g. 2,4",
     )
     tiers.add_argument("--role", choices=("writer", "reader"), help=argparse.SUPPRESS)
     demo.add_argument("--json", action="store_true", help="print only JSON on stdout")

@@ -20,7 +20,9 @@ __all__ = [
     "Progress",
     "ScenarioConfig",
     "check_kernel_backend",
+    "check_mesh_sizes",
     "check_tiers",
+    "parse_mesh_sizes",
     "tier_entry",
 ]
 
@@ -98,10 +100,20 @@ class ScenarioConfig:
     kernel_backend: str = "auto"
     skip_load: bool = False
     tiers: tuple[str, ...] = ()  # "disk:PATH" or "redis://HOST:PORT" (tier_entry)
+    # Two-process mode: the writer's and the reader's mesh sizes (canonical pages); None:
+    # both on one device, direct pages.
+    mesh_sizes: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         for spec in self.tiers:
             tier_entry(spec)  # refuses a bad one now, naming it
+        if self.mesh_sizes is not None:
+            check_mesh_sizes(self.mesh_sizes, self.model.num_kv_heads)
+            if self.model.cache_layout != "nhd":  # the sharded demo caches are NHD only
+                raise DemoConfigError(
+                    f"--mesh-sizes with --layout {self.model.cache_layout}: the demo shards "
+                    f"only NHD caches over a mesh; drop --layout or --mesh-sizes"
+                )
         _positive(self, ("block_size", "prompt_blocks", "suffix_tokens", "blocks_per_chunk"))
         if self.decode_tokens < 0:
             raise DemoConfigError(f"decode_tokens={self.decode_tokens} must be >= 0")
@@ -134,6 +146,37 @@ class ScenarioConfig:
         return self.offloaded_chunks * self.blocks_per_chunk
 
 
+def check_mesh_sizes(sizes: object, kv_heads: int) -> None:
+    """`sizes` is (writer, reader), two positive device counts over which `kv_heads` KV
+    heads shard into whole heads (one divides the other)."""
+    ok = isinstance(sizes, tuple) and len(sizes) == 2
+    if not ok or any(not isinstance(n, int) or isinstance(n, bool) or n < 1 for n in sizes):
+        raise DemoConfigError(
+            f"--mesh-sizes {sizes!r}: must be two positive device counts, the writer's and "
+            "the reader's, e.g. 2,4"
+        )
+    for n in sizes:
+        if n % kv_heads and kv_heads % n:
+            raise DemoConfigError(
+                f"--mesh-sizes: {n} devices cannot hold --kv-heads {kv_heads} as whole heads "
+                "(one must divide the other); pick sizes such as 1, 2, 4 for 2 or 4 KV heads"
+            )
+
+
+def parse_mesh_sizes(text: str) -> tuple[int, int]:
+    """`"2,4"` -> (2, 4); anything else raises `DemoConfigError`."""
+    parts = text.split(",")
+    try:
+        sizes = tuple(int(p) for p in parts)
+    except ValueError:
+        sizes = ()
+    if len(sizes) != 2:
+        raise DemoConfigError(
+            f"--mesh-sizes {text!r}: must be WRITER,READER device counts, e.g. 2,4"
+        )
+    return sizes  # type: ignore[return-value]
+
+
 def check_kernel_backend(name: object) -> None:
     """`name` is "auto" or a backend of the `pallas_kernels` registry that runs on this
     platform (jax's default device); anything else fails here, before the model is built,
@@ -159,13 +202,21 @@ def check_kernel_backend(name: object) -> None:
 
 def tier_entry(spec: str) -> dict:
     """A `secondary_tiers` entry from a `--tier` value: `disk:PATH` (a private directory,
-    created if missing, 1 GiB budget) or a `redis://` / `rediss://` / `unix://` URL."""
+    created if missing, 1 GiB budget) or a `redis://` / `rediss://` / `unix://` URL: one
+    server, or any node of a Redis / Valkey Cluster (the tier finds the others). Several
+    nodes of one cluster, comma-separated (`redis://10.0.0.1:6379,10.0.0.2:6379`): the
+    first is the URL, the others its `seed_urls` (asked when it does not answer)."""
     if not isinstance(spec, str):
         raise DemoConfigError(f"--tier {spec!r}: must be disk:PATH or redis://HOST:PORT")
     if spec.startswith("disk:") and len(spec) > 5:
         return {"type": "disk", "path": spec[5:], "capacity_bytes": "1GiB"}
-    if spec.split("://", 1)[0] in ("redis", "rediss", "unix") and "://" in spec:
-        return {"type": "redis", "url": spec}
+    scheme = spec.split("://", 1)[0]
+    if scheme in ("redis", "rediss", "unix") and "://" in spec:
+        if scheme == "unix" or "," not in spec:
+            return {"type": "redis", "url": spec}
+        first, *more = spec.split(",")
+        seeds = [m if "://" in m else f"{scheme}://{m}" for m in more]
+        return {"type": "redis", "url": first, "seed_urls": seeds}
     raise DemoConfigError(
         f"--tier {spec!r}: must be disk:PATH (a directory) or redis://HOST:PORT "
         "(a running Redis or Valkey server)"
@@ -187,7 +238,22 @@ def check_tiers(specs: tuple[str, ...] | list[str]) -> None:
                 DiskTierConfig(**{k: v for k, v in entry.items() if k != "type"}).path
             )
         else:
-            _check_reachable(spec, RedisTierConfig(url=entry["url"]).endpoint)
+            config = RedisTierConfig(**{k: v for k, v in entry.items() if k != "type"})
+            _check_any_reachable(spec, [config.url, *(config.seed_urls or ())])
+
+
+def _check_any_reachable(spec: str, urls: list[str]) -> None:
+    """One of a cluster's nodes (a server: its one URL) accepts a connection."""
+    from jax_kvoffload.config import RedisTierConfig
+
+    failures = []
+    for url in urls:
+        try:
+            _check_reachable(spec, RedisTierConfig(url=url).endpoint)
+            return
+        except DemoConfigError as exc:
+            failures.append(exc)
+    raise failures[0]
 
 
 def _check_reachable(spec: str, endpoint: dict) -> None:

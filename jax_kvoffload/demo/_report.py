@@ -201,8 +201,14 @@ def format_two_process(s: dict) -> str:
         f"  backend {s['backend']}; model {m['num_layers']} layers, {m['num_heads']} heads / "
         f"{m['num_kv_heads']} KV heads x {m['head_dim']}, seed {m['seed']}; prefix "
         f"{sc['prompt_blocks']} blocks of {sc['block_size']} tokens",
-        "",
     ]
+    if s.get("mesh_sizes"):
+        w, r = s["mesh_sizes"]
+        lines.append(
+            f"  writer on a mesh of {w} devices, reader on {r}: canonical pages carry the "
+            "prefix across tensor-parallel sizes"
+        )
+    lines.append("")
     head = ("tier", "writer", "reader hit", "serve prefix", "recompute", "ratio", "logits check")
     rows = []
     for run in s["runs"]:

@@ -33,8 +33,12 @@ from jax_kvoffload.demo._verdict import TierLog, tier_verdict
 from jax_kvoffload.transfer import GroupCaches
 
 
-def build_offloader(cfg: ScenarioConfig, num_blocks: int):
-    """The `OffloadingConfig` of the demo engine and a `KVOffloader` over fresh caches."""
+def build_offloader(cfg: ScenarioConfig, num_blocks: int, mesh_size: int | None = None):
+    """The `OffloadingConfig` of the demo engine and a `KVOffloader` over fresh caches.
+
+    With `mesh_size`, the caches are global arrays sharded over that many devices (the
+    engine at TP=`mesh_size`) and the offloader stores canonical pages, which an engine
+    on a mesh of another size loads (`_mesh.py`)."""
     from jax_kvoffload import KVOffloader
     from jax_kvoffload.config import (
         CacheConfig,
@@ -44,18 +48,28 @@ def build_offloader(cfg: ScenarioConfig, num_blocks: int):
         KVCacheGroupSpec,
         KVTransferConfig,
         ModelConfig,
+        ParallelConfig,
         build_offloading_config,
     )
 
     m = cfg.model
-    caches = empty_caches(
-        m.num_layers, num_blocks, cfg.block_size, m.num_kv_heads, m.head_dim, m.cache_layout
-    )
+    tp = mesh_size or 1
+    if mesh_size is None:
+        caches = empty_caches(
+            m.num_layers, num_blocks, cfg.block_size, m.num_kv_heads, m.head_dim, m.cache_layout
+        )
+    else:  # --mesh-sizes: NHD caches sharded over KV heads (the CLI refuses it with rpa)
+        from jax_kvoffload.demo._mesh import mesh_caches
+
+        caches = mesh_caches(
+            tp, m.num_layers, num_blocks, cfg.block_size, m.num_kv_heads, m.head_dim
+        )
     group = GroupCaches(caches, CACHE_LAYOUTS[m.cache_layout])
     # Room for the warm-up's chunks and A's, twice over: nothing is evicted in the demo.
     budget = 4 * (cfg.prompt_blocks + cfg.blocks_per_chunk) * group.block_bytes
-    spec = FullAttentionSpec(
-        block_size=cfg.block_size, num_kv_heads=m.num_kv_heads, head_size=m.head_dim,
+    spec = FullAttentionSpec(  # vLLM's convention: one TP rank's KV heads
+        block_size=cfg.block_size, num_kv_heads=max(1, m.num_kv_heads // tp),
+        head_size=m.head_dim,
         dtype="float32",  # type: ignore[arg-type]  # a name: as_dtype
     )  # fmt: skip
     engine = EngineConfig(
@@ -65,10 +79,12 @@ def build_offloader(cfg: ScenarioConfig, num_blocks: int):
             total_num_kv_heads=m.num_kv_heads,
         ),
         cache_config=CacheConfig(block_size=cfg.block_size),
+        parallel_config=ParallelConfig(tensor_parallel_size=tp),
         kv_transfer_config=KVTransferConfig(
             kv_connector_extra_config={
                 "cpu_bytes_to_use": budget,
                 "blocks_per_chunk": cfg.blocks_per_chunk,
+                **({"canonical_layout": True} if mesh_size is not None else {}),
                 **({"secondary_tiers": [tier_entry(t) for t in cfg.tiers]} if cfg.tiers else {}),
             },
             engine_id="demo",
@@ -81,7 +97,8 @@ def build_offloader(cfg: ScenarioConfig, num_blocks: int):
         kv_cache_groups=(KVCacheGroupSpec(layer_names=layers, kv_cache_spec=spec),),
     )
     config = build_offloading_config(engine, kv)
-    return KVOffloader(config, group, backend=cfg.kernel_backend)
+    heads = {} if mesh_size is None else {"total_kv_heads": m.num_kv_heads}
+    return KVOffloader(config, group, backend=cfg.kernel_backend, **heads)
 
 
 def _rate(nbytes: int, seconds: float) -> float:
