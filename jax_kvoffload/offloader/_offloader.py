@@ -35,13 +35,13 @@ from jax_kvoffload.config import OffloadingConfig
 from jax_kvoffload.errors import KVOffloadStateError
 from jax_kvoffload.hostmem.internals import check_index
 from jax_kvoffload.offloader._accounting import OffloaderAccounting
+from jax_kvoffload.offloader._cache_checks import check_caches, check_dtype
 from jax_kvoffload.offloader._cascade import TierPath, prefix_chunks
 from jax_kvoffload.offloader._checks import (
     OffloaderError,
     as_group_caches,
     assemble,
     check_block_ids,
-    check_caches,
     check_flag,
     check_hashes,
     check_timeout,
@@ -125,6 +125,7 @@ class KVOffloader:
         check_caches(config, caches, total_kv_heads)
         self._groups = {g.group_id: g for g in config.groups}
         self._num_blocks = {g: gc.num_blocks for g, gc in caches.items()}  # set_caches keeps it
+        self._layouts = {g: gc.layout for g, gc in caches.items()}
         self._bpc = config.cache.blocks_per_chunk
         if self._bpc < 1:
             raise OffloaderError(
@@ -202,7 +203,8 @@ class KVOffloader:
         """Hands back the group's arrays after the engine wrote its own K/V into them.
 
         Start from `caches(group)` read after the last completed load (a load replaces
-        the arrays); shapes and dtypes must stay the same (`TransferError` otherwise).
+        the arrays); shapes and dtypes must stay the same (`TransferError` otherwise;
+        `CacheConfigMismatchError` for a dtype other than the config's).
         The sharding may change: an engine that moves to another mesh passes its new
         global arrays, and chunks stored before load into them (with canonical pages,
         whatever the TP size; docs/canonical.md).
@@ -212,6 +214,8 @@ class KVOffloader:
             g = self._group(group)
             others = [a for h in self._groups if h != g for a in self._engine.arrays(h)]
             if isinstance(arrays, (list, tuple)) and all(isinstance(a, jax.Array) for a in arrays):
+                for dtype in {a.dtype for a in arrays}:  # the config's, not just the width
+                    check_dtype(g, self._layouts[g], dtype, self.config.model.dtype)
                 check_distinct([*others, *arrays], "set_caches (all groups)")
             self._engine.set_arrays(g, arrays)
 
