@@ -17,6 +17,7 @@ from jax_kvoffload.assembly import HostTierParts, assemble_host_tier, engine_pag
 from jax_kvoffload.config import OffloadingConfig, host_tier_config
 from jax_kvoffload.errors import KVOffloadError, KVOffloadTypeError, KVOffloadValueError
 from jax_kvoffload.hostmem.internals import check_indices
+from jax_kvoffload.store import KeyNotReadyError
 from jax_kvoffload.tiers import SecondaryTier
 from jax_kvoffload.transfer import GroupCaches
 
@@ -82,6 +83,28 @@ def check_block_ids(block_ids: object, n_hashes: int, num_blocks: int, group: in
             f"group {group}: block ids must be in [0, {num_blocks}), got {int(bad)}"
         )
     return ids
+
+
+def not_loadable(error: Exception, group: int, index: int, tiers: object) -> Exception:
+    """`KVOffloader.load`'s error for a chunk it cannot load, in the caller's terms: which
+    of their block hashes (by index) and what to call first (never the store's method
+    names, nor the key's bytes). Same class as the store's error."""
+    where = "the host" if tiers is None else "the host or any secondary tier"
+    if isinstance(error, KeyNotReadyError):
+        text = (
+            f"load: block_hashes[{index}] (group {group}) ends a chunk whose store has not "
+            "been collected yet: collect the store job with poll() or wait() first, then "
+            "lookup(block_hashes) and load the blocks it counts"
+        )
+    else:
+        text = (
+            f"load: block_hashes[{index}] (group {group}) ends a chunk that is not stored in "
+            f"{where}: call lookup(block_hashes) first and load only the leading blocks it "
+            "counts (block_hashes[:n], block_ids[:n])"
+        )
+    out = type(error)(text)
+    out.key = getattr(error, "key", None)  # type: ignore[attr-defined]
+    return out
 
 
 def check_flag(name: str, value: object) -> bool:

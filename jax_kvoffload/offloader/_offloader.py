@@ -45,12 +45,18 @@ from jax_kvoffload.offloader._checks import (
     check_flag,
     check_hashes,
     check_timeout,
+    not_loadable,
 )
 from jax_kvoffload.offloader._job_book import JobBook
 from jax_kvoffload.offloader._load_plan import locate_missing, prepare_load
 from jax_kvoffload.offloader._tier_stats import TierPathStats
 from jax_kvoffload.stats import OffloadStats
-from jax_kvoffload.store import LookupResult, make_offload_key
+from jax_kvoffload.store import (
+    KeyNotReadyError,
+    KeyNotStoredError,
+    LookupResult,
+    make_offload_key,
+)
 from jax_kvoffload.tiers import SecondaryTier, namespace_digest
 from jax_kvoffload.transfer import (
     Direction,
@@ -315,11 +321,20 @@ class KVOffloader:
             g = self._group(group)
             hashes, ids = self._chunks(block_hashes, block_ids, g, unique=True)
             window = self._groups[g].sliding_window_size_in_chunks
+            skipped = 0
             if window is not None:
-                hashes, ids = hashes[max(0, len(hashes) - window) :], ids[-window:]
+                skipped = max(0, len(hashes) - window)
+                hashes, ids = hashes[skipped:], ids[-window:]
             if not hashes:
                 return None
-            return self._start_load(g, [make_offload_key(h, g) for h in hashes], ids)
+            keys = [make_offload_key(h, g) for h in hashes]
+            try:
+                return self._start_load(g, keys, ids)
+            except (KeyNotStoredError, KeyNotReadyError) as e:
+                if e.key not in keys:
+                    raise
+                chunk = skipped + keys.index(e.key)
+                raise not_loadable(e, g, (chunk + 1) * self._bpc - 1, self._tiers) from None
 
     def poll(self) -> list[TransferResult]:
         """Results of jobs that ended since the last call; never blocks."""
