@@ -7,6 +7,9 @@ config, store, tiers, transfer and the assembly of the host tier, and below brid
 and CLI (`tests/test_layering.py`). Users import `KVOffloader` from `jax_kvoffload`.
 """
 
+from jax_kvoffload.offloader._cache_checks import (
+    CacheConfigMismatchError as CacheConfigMismatchError,
+)
 from jax_kvoffload.offloader._cascade import PromotionMissError as PromotionMissError
 from jax_kvoffload.offloader._checks import OffloaderError as OffloaderError
 from jax_kvoffload.offloader._offloader import KVOffloader as KVOffloader
@@ -14,6 +17,7 @@ from jax_kvoffload.offloader._offloader import OffloaderStateError as OffloaderS
 from jax_kvoffload.offloader._tier_stats import TierPathStats as TierPathStats
 
 __all__ = [
+    "CacheConfigMismatchError",
     "KVOffloader",
     "OffloaderError",
     "OffloaderStateError",

@@ -1,5 +1,5 @@
-"""Checks `KVOffloader` runs on its arguments: caches against the config, hashes, ids;
-and the host tier it assembles from them (`assemble`).
+"""Checks `KVOffloader` runs on its arguments: hashes, ids, flags, tiers; and the host
+tier it assembles from them (`assemble`). Caches against the config: `_cache_checks`.
 
 Each refuses at the call, with the group, the value and the fix, what would otherwise
 fail later inside a job (or silently: a float block id truncated to another block).
@@ -13,15 +13,13 @@ from typing import Any
 
 import numpy as np
 
-import pallas_kernels as pk
 from jax_kvoffload.assembly import HostTierParts, assemble_host_tier, engine_pages
 from jax_kvoffload.config import OffloadingConfig, host_tier_config
-from jax_kvoffload.config.internals import as_dtype
 from jax_kvoffload.errors import KVOffloadError, KVOffloadTypeError, KVOffloadValueError
-from jax_kvoffload.hostmem.internals import check_index, check_indices
+from jax_kvoffload.hostmem.internals import check_indices
+from jax_kvoffload.store import KeyNotReadyError
 from jax_kvoffload.tiers import SecondaryTier
-from jax_kvoffload.transfer import GroupCaches, canonical_group_caches
-from jax_kvoffload.transfer.internals import check_distinct
+from jax_kvoffload.transfer import GroupCaches
 
 
 class OffloaderError(KVOffloadValueError):
@@ -69,104 +67,6 @@ def _named_caches(config: OffloadingConfig, arrays: Sequence[Any]) -> GroupCache
     return GroupCaches(list(arrays), name)
 
 
-def check_caches(
-    config: OffloadingConfig, caches: dict[int, GroupCaches], total_kv_heads: int | None
-) -> dict[int, GroupCaches]:
-    """Refuses caches that contradict the config (groups, layers, dtype, block tokens);
-    returns them, as groups with canonical host pages when the config asks for those."""
-    groups = {g.group_id: g for g in config.groups}
-    unknown = sorted(set(caches) - set(groups))
-    missing = sorted(set(groups) - set(caches))
-    if unknown or missing:
-        raise OffloaderError(
-            f"caches must cover exactly the offloaded groups {sorted(groups)}; "
-            f"unknown {unknown}, missing {missing}"
-        )
-    for g, gc in caches.items():
-        _check_layers(g, gc, groups[g].layer_names)
-        _check_dtype(g, gc, config.model.dtype)
-        _check_tokens(g, gc, groups[g].tokens_per_block, config.parallel.dcp_size)
-    check_distinct([a for gc in caches.values() for a in gc.arrays], "caches (all groups)")
-    if config.canonical_layout:
-        return _check_canonical(caches, total_kv_heads)
-    return caches
-
-
-def _check_layers(g: int, gc: GroupCaches, layers: tuple[str, ...]) -> None:
-    per_layer = 2 if gc.layout.kv_stacking is pk.KVStacking.SEPARATE else 1
-    if gc.layout.page_format is pk.PageFormat.RAW and len(gc.arrays) % len(layers) == 0:
-        return  # raw pages: a layer may keep several state arrays (e.g. Mamba conv + ssm)
-    if len(gc.arrays) != per_layer * len(layers):
-        how = "K, V per layer (KVStacking.SEPARATE)" if per_layer == 2 else "one per layer"
-        raise OffloaderError(
-            f"group {g}: the config lists {len(layers)} layers {list(layers[:4])}"
-            f"{'...' if len(layers) > 4 else ''}, so it needs {per_layer * len(layers)} "
-            f"arrays ({how}); got {len(gc.arrays)}: pass the group's arrays, or rebuild the "
-            "config from the model that made these caches"
-        )
-
-
-def _check_dtype(g: int, gc: GroupCaches, config_dtype: str) -> None:
-    if gc.layout.page_format is pk.PageFormat.RAW:
-        return  # raw pages are words of any encoding
-    try:
-        want = as_dtype(config_dtype)
-    except (TypeError, ValueError):
-        return  # a dtype name numpy does not know: nothing to compare with
-    got = np.dtype(gc.arrays[0].dtype)
-    if got.itemsize != want.itemsize:
-        raise OffloaderError(
-            f"group {g}: the arrays are {got.name} ({got.itemsize} bytes per element) but "
-            f"the config's KV cache dtype is {config_dtype!r} ({want.itemsize} bytes): pass "
-            "caches of that dtype, or build the config with the caches' cache_dtype"
-        )
-
-
-def _token_axis(layout: pk.KVLayout) -> int | None:
-    """Index of the tokens-per-block axis in `layout.page_shape(...)`, None for RAW."""
-    stacked = int(layout.kv_stacking in (pk.KVStacking.FIRST, pk.KVStacking.SECOND))
-    base = {pk.PageFormat.NHD: 0, pk.PageFormat.HND: 1, pk.PageFormat.MLA: 0}
-    base[pk.PageFormat.RPA] = 0
-    axis = base.get(layout.page_format)
-    return None if axis is None else axis + stacked
-
-
-def _check_tokens(g: int, gc: GroupCaches, tokens_per_block: int, dcp: int) -> None:
-    axis = _token_axis(gc.layout)
-    if axis is None:
-        return
-    page = gc.layout.page_shape(tuple(gc.arrays[0].shape))
-    tokens = page[axis]
-    # Global arrays hold the whole block; each DCP rank's local array 1/dcp of it.
-    allowed = {tokens_per_block} | ({tokens_per_block // dcp} if dcp > 1 else set())
-    if tokens not in allowed:
-        raise OffloaderError(
-            f"group {g}: arrays of shape {tuple(gc.arrays[0].shape)} ({gc.layout.describe()}) "
-            f"hold {tokens} tokens per block but the config's blocks hold {tokens_per_block}: "
-            "pass the layout that matches the arrays, or rebuild the config with their "
-            "block_size"
-        )
-
-
-def _check_canonical(
-    caches: Mapping[int, GroupCaches], total_kv_heads: object
-) -> dict[int, GroupCaches]:
-    if total_kv_heads is None:
-        raise OffloaderError(
-            "canonical_layout is set: pass total_kv_heads= (the model's KV heads) so the "
-            "offloader can check that the caches are global arrays, whose pages are the "
-            "canonical pages; or drop 'canonical_layout' from the extra config"
-        )
-    heads = check_index("total_kv_heads", total_kv_heads)
-    out = {}
-    for g, gc in caches.items():
-        try:
-            out[g] = canonical_group_caches(gc, heads)
-        except KVOffloadValueError as e:
-            raise OffloaderError(f"group {g}: {e}") from e
-    return out
-
-
 def check_hashes(block_hashes: object) -> Sequence[bytes]:
     """`block_hashes` if it is a sequence of bytes (the engine's block hashes)."""
     if isinstance(block_hashes, (str, bytes, bytearray)) or not isinstance(block_hashes, Sequence):
@@ -196,6 +96,28 @@ def check_block_ids(block_ids: object, n_hashes: int, num_blocks: int, group: in
             f"group {group}: block ids must be in [0, {num_blocks}), got {int(bad)}"
         )
     return ids
+
+
+def not_loadable(error: Exception, group: int, index: int, tiers: object) -> Exception:
+    """`KVOffloader.load`'s error for a chunk it cannot load, in the caller's terms: which
+    of their block hashes (by index) and what to call first (never the store's method
+    names, nor the key's bytes). Same class as the store's error."""
+    where = "the host" if tiers is None else "the host or any secondary tier"
+    if isinstance(error, KeyNotReadyError):
+        text = (
+            f"load: block_hashes[{index}] (group {group}) ends a chunk whose store has not "
+            "been collected yet: collect the store job with poll() or wait() first, then "
+            "lookup(block_hashes) and load the blocks it counts"
+        )
+    else:
+        text = (
+            f"load: block_hashes[{index}] (group {group}) ends a chunk that is not stored in "
+            f"{where}: call lookup(block_hashes) first and load only the leading blocks it "
+            "counts (block_hashes[:n], block_ids[:n])"
+        )
+    out = type(error)(text)
+    out.key = getattr(error, "key", None)  # type: ignore[attr-defined]
+    return out
 
 
 def check_flag(name: str, value: object) -> bool:

@@ -41,22 +41,29 @@ from jax_kvoffload.config import OffloadingConfig
 from jax_kvoffload.errors import KVOffloadStateError
 from jax_kvoffload.hostmem.internals import check_index
 from jax_kvoffload.offloader._accounting import OffloaderAccounting
+from jax_kvoffload.offloader._cache_checks import check_caches, check_dtype
 from jax_kvoffload.offloader._cascade import TierPath, prefix_chunks
 from jax_kvoffload.offloader._checks import (
     OffloaderError,
     as_group_caches,
     assemble,
     check_block_ids,
-    check_caches,
     check_flag,
     check_hashes,
     check_timeout,
+    not_loadable,
 )
 from jax_kvoffload.offloader._job_book import JobBook
 from jax_kvoffload.offloader._load_plan import locate_missing, prepare_load
 from jax_kvoffload.offloader._tier_stats import TierPathStats
 from jax_kvoffload.stats import OffloadStats
-from jax_kvoffload.store import LookupResult, OffloadKey, make_offload_key
+from jax_kvoffload.store import (
+    KeyNotReadyError,
+    KeyNotStoredError,
+    LookupResult,
+    OffloadKey,
+    make_offload_key,
+)
 from jax_kvoffload.tiers import SecondaryTier, namespace_digest
 from jax_kvoffload.transfer import (
     Direction,
@@ -127,6 +134,7 @@ class KVOffloader:
         caches = check_caches(config, as_group_caches(config, caches), total_kv_heads)
         self._groups = {g.group_id: g for g in config.groups}
         self._num_blocks = {g: gc.num_blocks for g, gc in caches.items()}  # set_caches keeps it
+        self._layouts = {g: gc.layout for g, gc in caches.items()}
         self._bpc = config.cache.blocks_per_chunk
         if self._bpc < 1:
             raise OffloaderError(
@@ -206,7 +214,8 @@ class KVOffloader:
         """Hands back the group's arrays after the engine wrote its own K/V into them.
 
         Start from `caches(group)` read after the last completed load (a load replaces
-        the arrays); shapes and dtypes must stay the same (`TransferError` otherwise).
+        the arrays); shapes and dtypes must stay the same (`TransferError` otherwise;
+        `CacheConfigMismatchError` for a dtype other than the config's).
         The sharding may change: an engine that moves to another mesh passes its new
         global arrays, and chunks stored before load into them (with canonical pages,
         whatever the TP size; docs/canonical.md).
@@ -216,6 +225,8 @@ class KVOffloader:
             g = self._group(group)
             others = [a for h in self._groups if h != g for a in self._engine.arrays(h)]
             if isinstance(arrays, (list, tuple)) and all(isinstance(a, jax.Array) for a in arrays):
+                for dtype in {a.dtype for a in arrays}:  # the config's, not just the width
+                    check_dtype(g, self._layouts[g], dtype, self.config.model.dtype)
                 check_distinct([*others, *arrays], "set_caches (all groups)")
             self._engine.set_arrays(g, arrays)
 
@@ -318,11 +329,20 @@ class KVOffloader:
             g = self._group(group)
             hashes, ids = self._chunks(block_hashes, block_ids, g, unique=True)
             window = self._groups[g].sliding_window_size_in_chunks
+            skipped = 0
             if window is not None:
-                hashes, ids = hashes[max(0, len(hashes) - window) :], ids[-window:]
+                skipped = max(0, len(hashes) - window)
+                hashes, ids = hashes[skipped:], ids[-window:]
             if not hashes:
                 return None
-            return self._start_load(g, [make_offload_key(h, g) for h in hashes], ids)
+            keys = [make_offload_key(h, g) for h in hashes]
+            try:
+                return self._start_load(g, keys, ids)
+            except (KeyNotStoredError, KeyNotReadyError) as e:
+                if e.key not in keys:
+                    raise
+                chunk = skipped + keys.index(e.key)
+                raise not_loadable(e, g, (chunk + 1) * self._bpc - 1, self._tiers) from None
 
     def poll(self) -> list[TransferResult]:
         """Results of jobs that ended since the last call; never blocks."""

@@ -43,15 +43,20 @@ class KeyNotStoredError(StoreError):
     """A key passed to ``prepare_load`` or ``complete_load`` is not in the store.
 
     vLLM asserts "Chunk <key> not found in cache"; the message keeps that text.
+    `key` is the key refused (set where `prepare_load` refuses it).
     """
+
+    key: bytes | None = None
 
 
 class KeyNotReadyError(StoreError):
     """A key passed to ``prepare_load`` is present but its store has not completed.
 
     ``lookup`` reports such a key as ``LookupResult.HIT_PENDING``; load it only after
-    ``complete_store(keys, success=True)``.
+    ``complete_store(keys, success=True)``. `key` is the key refused.
     """
+
+    key: bytes | None = None
 
 
 class KeyNotPinnedError(StoreError):

@@ -20,15 +20,20 @@ __all__ = ["LoadPath"]
 
 
 def _not_loadable(key: OffloadKey, chunk: ChunkStatus | None) -> StoreError:
+    # `.key`: the callers above the store (KVOffloader.load) say which of their inputs.
     if chunk is None:
-        return KeyNotStoredError(
+        missing = KeyNotStoredError(
             f"Chunk {key!r} not found in cache: prepare_load takes keys that lookup() "
             "reported as HIT."
         )
-    return KeyNotReadyError(
+        missing.key = key
+        return missing
+    pending = KeyNotReadyError(
         f"Chunk {key!r} is not ready for reading: its store is in flight; load it "
         "after complete_store(..., success=True)."
     )
+    pending.key = key
+    return pending
 
 
 def _not_unpinnable(key: OffloadKey, chunk: ChunkStatus | None, keys: list) -> StoreError:

@@ -40,7 +40,8 @@ PAGE = 4096  # host page: one chunk row of 2 blocks x 2 layers x 256 B rounds up
 
 def config(bpc: int = 2, chunks: int = 6, window: int | None = None, **extra):
     """A one-group config (uint16 caches) whose budget buys exactly `chunks` chunks."""
-    common = dict(block_size=BS, num_kv_heads=H, head_size=D, dtype="uint16")
+    # Each layer's array holds K|V packed along its last axis: head_size is half of D.
+    common = dict(block_size=BS, num_kv_heads=H, head_size=D // 2, dtype="uint16")
     spec = (
         FullAttentionSpec(**common)
         if window is None

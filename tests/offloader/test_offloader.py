@@ -31,7 +31,8 @@ BLOCK_BYTES = 2 * BS * H * D * 2  # two uint16 layers
 
 
 def config(bpc=2, budget=1 << 20, window=None, extra=None, heads=H, tp=1):
-    common = dict(block_size=BS, num_kv_heads=heads // tp, head_size=D, dtype="uint16")
+    # Each layer's array holds K|V packed along its last axis: head_size is half of D.
+    common = dict(block_size=BS, num_kv_heads=heads // tp, head_size=D // 2, dtype="uint16")
     spec = (
         FullAttentionSpec(**common)
         if window is None
