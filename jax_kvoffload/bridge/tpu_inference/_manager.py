@@ -63,9 +63,7 @@ class StoreManager:
         path = self._hub.tier_path()
         if path is not None:
             path.process()
-            # BUG (mypy): TierPath has no lookup since 77d1100 (plan_lookup, promote_plan,
-            # wait, loadable): this raises AttributeError; see KVOffloader._tier_lookup.
-            n, _ = path.lookup(GROUP, keys, None, True)  # type: ignore[attr-defined]
+            n, _ = path.lookup(GROUP, keys, None, True)
             return n
         return prefix_chunks([self._store.lookup(k) is LookupResult.HIT for k in keys], None)
 
