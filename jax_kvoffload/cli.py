@@ -199,8 +199,9 @@ def _add_demo(commands: argparse._SubParsersAction) -> None:
         "--tier",
         action="append",
         metavar="TIER",
-        help="a secondary tier behind the host store: disk:PATH (a private directory) or "
-        "redis://HOST:PORT (a running Redis/Valkey server); repeatable",
+        help="a secondary tier behind the host store: disk:PATH (a private directory), "
+        "redis://HOST:PORT (a running Redis/Valkey server) or mooncake://HOST:PORT (a "
+        "Mooncake Store's master; ?metadata=URL&local=HOST); repeatable",
     )
     tiers.add_argument(
         "--two-process",

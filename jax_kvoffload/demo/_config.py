@@ -87,7 +87,7 @@ class ScenarioConfig:
     blocks_per_chunk: int = 2
     kernel_backend: str = "auto"
     skip_load: bool = False
-    tiers: tuple[str, ...] = ()  # "disk:PATH" or "redis://HOST:PORT" (tier_entry)
+    tiers: tuple[str, ...] = ()  # "disk:PATH", "redis://...", "mooncake://..." (tier_entry)
 
     def __post_init__(self) -> None:
         for spec in self.tiers:
@@ -149,16 +149,29 @@ def check_kernel_backend(name: object) -> None:
 
 def tier_entry(spec: str) -> dict:
     """A `secondary_tiers` entry from a `--tier` value: `disk:PATH` (a private directory,
-    created if missing, 1 GiB budget) or a `redis://` / `rediss://` / `unix://` URL."""
+    created if missing, 1 GiB budget), a `redis://` / `rediss://` / `unix://` URL, or a
+    Mooncake Store's master `mooncake://HOST:PORT[?metadata=URL&local=HOST]` (metadata:
+    the master's HTTP metadata server at HOST:8080, mooncake_master's default port, unless
+    given; local: this process's address, 127.0.0.1 unless given)."""
     if not isinstance(spec, str):
         raise DemoConfigError(f"--tier {spec!r}: must be disk:PATH or redis://HOST:PORT")
     if spec.startswith("disk:") and len(spec) > 5:
         return {"type": "disk", "path": spec[5:], "capacity_bytes": "1GiB"}
     if spec.split("://", 1)[0] in ("redis", "rediss", "unix") and "://" in spec:
         return {"type": "redis", "url": spec}
+    if spec.startswith("mooncake://") and len(spec) > 11:
+        parts = urllib.parse.urlsplit(spec)
+        query = urllib.parse.parse_qs(parts.query)
+        host = parts.hostname or ""
+        return {
+            "type": "mooncake",
+            "master_server_address": parts.netloc,
+            "metadata_server": query.get("metadata", [f"http://{host}:8080/metadata"])[0],
+            "local_hostname": query.get("local", ["127.0.0.1"])[0],
+        }
     raise DemoConfigError(
-        f"--tier {spec!r}: must be disk:PATH (a directory) or redis://HOST:PORT "
-        "(a running Redis or Valkey server)"
+        f"--tier {spec!r}: must be disk:PATH (a directory), redis://HOST:PORT (a running "
+        "Redis or Valkey server) or mooncake://HOST:PORT (a Mooncake Store's master)"
     )
 
 
@@ -167,7 +180,7 @@ def check_tiers(specs: tuple[str, ...] | list[str]) -> None:
     options (the tier's own config), a disk tier's directory (made 0700 if missing,
     refused if others can reach it, as the tier will) and that a Redis server accepts a
     connection. Raises `DemoConfigError`, or the tier's `KVOffloadError`, naming it."""
-    from jax_kvoffload.config import DiskTierConfig, RedisTierConfig
+    from jax_kvoffload.config import DiskTierConfig, MooncakeTierConfig, RedisTierConfig
     from jax_kvoffload.tiers import DiskTier
 
     for spec in specs:
@@ -176,11 +189,15 @@ def check_tiers(specs: tuple[str, ...] | list[str]) -> None:
             DiskTier.check_path(
                 DiskTierConfig(**{k: v for k, v in entry.items() if k != "type"}).path
             )
+        elif entry["type"] == "mooncake":
+            cfg = MooncakeTierConfig(**{k: v for k, v in entry.items() if k != "type"})
+            host, port = cfg.master_address
+            _check_reachable(spec, {"scheme": "tcp", "host": host, "port": port}, "mooncake")
         else:
             _check_reachable(spec, RedisTierConfig(url=entry["url"]).endpoint)
 
 
-def _check_reachable(spec: str, endpoint: dict) -> None:
+def _check_reachable(spec: str, endpoint: dict, kind: str = "redis") -> None:
     if endpoint["scheme"] == "unix":
         family, address, where = socket.AF_UNIX, endpoint["path"], endpoint["path"]
     else:
@@ -197,7 +214,9 @@ def _check_reachable(spec: str, endpoint: dict) -> None:
         why = "no answer" if isinstance(exc, TimeoutError) else (exc.strerror or str(exc))
         raise DemoConfigError(
             f"--tier {_shown(spec)}: cannot connect to {where} ({why} within "
-            f"{CONNECT_TIMEOUT_S:g} s); start a Redis or Valkey server there, or drop this --tier"
+            f"{CONNECT_TIMEOUT_S:g} s); start "
+            + ("mooncake_master" if kind == "mooncake" else "a Redis or Valkey server")
+            + " there, or drop this --tier"
         ) from None
 
 
