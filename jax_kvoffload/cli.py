@@ -209,9 +209,10 @@ def _add_demo(commands: argparse._SubParsersAction) -> None:
         "--tier",
         action="append",
         metavar="TIER",
-        help="a secondary tier behind the host store: disk:PATH (a private directory) or "
+        help="a secondary tier behind the host store: disk:PATH (a private directory), "
         "redis://HOST:PORT (a running Redis/Valkey server, or any node of a cluster; "
-        "several nodes of one cluster comma-separated); repeatable",
+        "several nodes of one cluster comma-separated) or mooncake://HOST:PORT (a "
+        "Mooncake Store's master; ?metadata=URL&local=HOST); repeatable",
     )
     tiers.add_argument(
         "--two-process",

@@ -99,7 +99,7 @@ class ScenarioConfig:
     blocks_per_chunk: int = 2
     kernel_backend: str = "auto"
     skip_load: bool = False
-    tiers: tuple[str, ...] = ()  # "disk:PATH" or "redis://HOST:PORT" (tier_entry)
+    tiers: tuple[str, ...] = ()  # "disk:PATH", "redis://...", "mooncake://..." (tier_entry)
     # Two-process mode: the writer's and the reader's mesh sizes (canonical pages); None:
     # both on one device, direct pages.
     mesh_sizes: tuple[int, int] | None = None
@@ -203,10 +203,13 @@ def check_kernel_backend(name: object) -> None:
 
 def tier_entry(spec: str) -> dict:
     """A `secondary_tiers` entry from a `--tier` value: `disk:PATH` (a private directory,
-    created if missing, 1 GiB budget) or a `redis://` / `rediss://` / `unix://` URL: one
-    server, or any node of a Redis / Valkey Cluster (the tier finds the others). Several
-    nodes of one cluster, comma-separated (`redis://10.0.0.1:6379,10.0.0.2:6379`): the
-    first is the URL, the others its `seed_urls` (asked when it does not answer)."""
+    created if missing, 1 GiB budget), a `redis://` / `rediss://` / `unix://` URL: one
+    server, or any node of a Redis / Valkey Cluster (the tier finds the others; several
+    nodes of one cluster, comma-separated `redis://10.0.0.1:6379,10.0.0.2:6379`: the
+    first is the URL, the others its `seed_urls`, asked when it does not answer), or a
+    Mooncake Store's master `mooncake://HOST:PORT[?metadata=URL&local=HOST]` (metadata:
+    the master's HTTP metadata server at HOST:8080, mooncake_master's default port, unless
+    given; local: this process's address, 127.0.0.1 unless given)."""
     if not isinstance(spec, str):
         raise DemoConfigError(f"--tier {spec!r}: must be disk:PATH or redis://HOST:PORT")
     if spec.startswith("disk:") and len(spec) > 5:
@@ -218,9 +221,19 @@ def tier_entry(spec: str) -> dict:
         first, *more = spec.split(",")
         seeds = [m if "://" in m else f"{scheme}://{m}" for m in more]
         return {"type": "redis", "url": first, "seed_urls": seeds}
+    if spec.startswith("mooncake://") and len(spec) > 11:
+        parts = urllib.parse.urlsplit(spec)
+        query = urllib.parse.parse_qs(parts.query)
+        host = parts.hostname or ""
+        return {
+            "type": "mooncake",
+            "master_server_address": parts.netloc,
+            "metadata_server": query.get("metadata", [f"http://{host}:8080/metadata"])[0],
+            "local_hostname": query.get("local", ["127.0.0.1"])[0],
+        }
     raise DemoConfigError(
-        f"--tier {spec!r}: must be disk:PATH (a directory) or redis://HOST:PORT "
-        "(a running Redis or Valkey server)"
+        f"--tier {spec!r}: must be disk:PATH (a directory), redis://HOST:PORT (a running "
+        "Redis or Valkey server) or mooncake://HOST:PORT (a Mooncake Store's master)"
     )
 
 
@@ -229,7 +242,7 @@ def check_tiers(specs: tuple[str, ...] | list[str]) -> None:
     options (the tier's own config), a disk tier's directory (made 0700 if missing,
     refused if others can reach it, as the tier will) and that a Redis server accepts a
     connection. Raises `DemoConfigError`, or the tier's `KVOffloadError`, naming it."""
-    from jax_kvoffload.config import DiskTierConfig, RedisTierConfig
+    from jax_kvoffload.config import DiskTierConfig, MooncakeTierConfig, RedisTierConfig
     from jax_kvoffload.tiers import DiskTier
 
     for spec in specs:
@@ -238,6 +251,10 @@ def check_tiers(specs: tuple[str, ...] | list[str]) -> None:
             DiskTier.check_path(
                 DiskTierConfig(**{k: v for k, v in entry.items() if k != "type"}).path
             )
+        elif entry["type"] == "mooncake":
+            cfg = MooncakeTierConfig(**{k: v for k, v in entry.items() if k != "type"})
+            host, port = cfg.master_address
+            _check_reachable(spec, {"scheme": "tcp", "host": host, "port": port}, "mooncake")
         else:
             config = RedisTierConfig(**{k: v for k, v in entry.items() if k != "type"})
             _check_any_reachable(spec, [config.url, *(config.seed_urls or ())])
@@ -257,7 +274,7 @@ def _check_any_reachable(spec: str, urls: list[str]) -> None:
     raise failures[0]
 
 
-def _check_reachable(spec: str, endpoint: dict) -> None:
+def _check_reachable(spec: str, endpoint: dict, kind: str = "redis") -> None:
     if endpoint["scheme"] == "unix":
         family, address, where = socket.AF_UNIX, endpoint["path"], endpoint["path"]
     else:
@@ -274,7 +291,9 @@ def _check_reachable(spec: str, endpoint: dict) -> None:
         why = "no answer" if isinstance(exc, TimeoutError) else (exc.strerror or str(exc))
         raise DemoConfigError(
             f"--tier {_shown(spec)}: cannot connect to {where} ({why} within "
-            f"{CONNECT_TIMEOUT_S:g} s); start a Redis or Valkey server there, or drop this --tier"
+            f"{CONNECT_TIMEOUT_S:g} s); start "
+            + ("mooncake_master" if kind == "mooncake" else "a Redis or Valkey server")
+            + " there, or drop this --tier"
         ) from None
 
 

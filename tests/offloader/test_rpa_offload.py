@@ -6,8 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from jax_kvoffload import GroupCaches, KVOffloader, OffloaderError
+from jax_kvoffload import GroupCaches, KVOffloader
 from jax_kvoffload.config import ConfigFieldError
+from jax_kvoffload.errors import KVOffloadTypeError
 from jax_kvoffload.transfer import TransferError
 from tests.canonical.rpa_common import JAX_DTYPES, as_bits, hashes, rpa_bits, rpa_config, to_device
 
@@ -39,7 +40,8 @@ def test_layout_by_name_in_group_caches_too():
 def test_a_list_of_arrays_needs_the_layout_named():
     arrays = to_device(rpa_bits("bf16", 2, 1, seed=3))
     cfg = rpa_config("bf16", 2, extra={"cache_layout": None})
-    with pytest.raises(OffloaderError, match="cache_layout"):
+    # A TypeError, as a plain list always was (tests/faults/test_bad_input.py).
+    with pytest.raises(KVOffloadTypeError, match="cache_layout"):
         KVOffloader(cfg, arrays, backend="xla")
     with pytest.raises(ConfigFieldError, match="not a cache layout"):
         KVOffloader(rpa_config("bf16", 2, extra={"cache_layout": "ragged"}), arrays)

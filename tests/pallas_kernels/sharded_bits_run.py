@@ -98,6 +98,7 @@ def draw(rng: np.random.Generator, backend: str) -> dict:
         "scatter": rng.permutation(nb)[: int(rng.integers(1, nb + 1))].astype(np.int32),
         "backend": backend,
         "host_staging": bool(rng.integers(2)),
+        "per_device": where == "heads" and s_model > 1,  # must take the shard_map path
     }
 
 
@@ -129,6 +130,8 @@ def check(c: dict, rng: np.random.Generator) -> str | None:
         i = bad[0]
         return f"gather changed {len(bad)} elements, first {want.flat[i]:#x} -> {got.flat[i]:#x}"
     caches = put()
+    if c.get("per_device") and pk.staging_sharding(caches, layout) is None:
+        return "heads sharded over several devices took the global path (resharding)"
     update = random_bits(rng, (len(c["scatter"]), len(caches), *want.shape[2:]), c["dtype"])
     if c.get("special_update"):  # -0.0 and NaN payloads only
         update = np.resize(c["caches"][0][::-1], update.shape)

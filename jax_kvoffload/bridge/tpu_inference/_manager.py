@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from jax_kvoffload._interrupts import deferred_interrupts
 from jax_kvoffload.bridge.tpu_inference._errors import (
     TPUConnectorStateError,
     UnknownChunkError,
@@ -61,10 +62,16 @@ class StoreManager:
         """Leading hashes whose chunks are loadable now (after tier promotions)."""
         keys = [self._key(h) for h in chunk_hashes]
         path = self._hub.tier_path()
-        if path is not None:
-            path.process()
-            n, _ = path.lookup(GROUP, keys, None, True)
-            return n
+        if path is not None:  # as KVOffloader's lookup with tiers, waiting (theirs is sync)
+            with deferred_interrupts():
+                path.process()
+            plan = path.plan_lookup(keys, None)  # asks the tiers: bounded calls
+            with deferred_interrupts():
+                promotions = path.promote_plan(GROUP, plan)
+            path.wait(promotions)  # bounded by the tiers' timeouts
+            with deferred_interrupts():
+                path.process(promotions)
+            return path.loadable(plan, recount=True)
         return prefix_chunks([self._store.lookup(k) is LookupResult.HIT for k in keys], None)
 
     def touch(self, chunk_hashes: Sequence[bytes]) -> None:
