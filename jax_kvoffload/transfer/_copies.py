@@ -199,7 +199,12 @@ class StagedCopies:
             load.pieces.append((group, ids, staging, buffers))
 
     def _fetch_sharded(
-        self, group: int, t: CheckedTransfer, first: int, shape: tuple[int, ...], sharding: Any
+        self,
+        group: int,
+        t: CheckedTransfer,
+        first: int,
+        shape: tuple[int, ...],
+        sharding: jax.sharding.Sharding,
     ) -> tuple[jax.Array, list[np.ndarray]] | None:
         """Sharded caches take their staging sharded like their page axes: each device
         receives only its shard, read from the rows straight into its own buffer."""
