@@ -17,7 +17,7 @@
 #  6) benchmarks/pools.py: the two host pools side by side;
 #  full run only: the transfer and offloader tests on the GPU, offload.py, manager.py,
 #  canonical.py.
-# Ends with one table (benchmarks/gpu_table.py, also in $OUT/table.txt): P1-P4 of both
+# Ends with one table (benchmarks/_gpu_table.py, also in $OUT/table.txt): P1-P4 of both
 # paths with their targets (P1 >= 0.85, P2, P3 >= 0.90, P4 >= 10x). Exits non-zero if a
 # step failed or timed out.
 set -uo pipefail
@@ -120,6 +120,6 @@ echo "== steps ($MODE, $(date -u +%FT%TZ), $(head -1 "$OUT/env.txt" 2>/dev/null)
 cat "$OUT/steps.txt"
 echo
 echo "== P1-P4 ($PLATFORM) =="
-"$PY" benchmarks/gpu_table.py "$OUT" "$PLATFORM" | tee "$OUT/table.txt"
+"$PY" benchmarks/_gpu_table.py "$OUT" "$PLATFORM" | tee "$OUT/table.txt"
 echo "results: $OUT"
 exit "$failed"

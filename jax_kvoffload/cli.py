@@ -43,6 +43,8 @@ BENCHMARKS = (
     "tiers",
     "pools",
     "tpu_inference",
+    "kernels_rpa",
+    "gpu_paths",
 )
 
 

@@ -14,7 +14,7 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-import gpu_table  # noqa: E402
+import _gpu_table  # noqa: E402
 
 
 @pytest.mark.slow
@@ -83,7 +83,7 @@ def test_the_table_judges_each_row_by_its_target_on_a_gpu(tmp_path):
             {**base, "check": "P4", "what": "store", "ratio": 9.0, "target": 10.0},
         ],
     )
-    lines = gpu_table.table(tmp_path, "gpu").splitlines()
+    lines = _gpu_table.table(tmp_path, "gpu").splitlines()
     gather = next(line for line in lines if "gather" in line)
     assert "0.80x" in gather and "MISSES" in gather  # the worst row of the card's sizes
     scatter = next(line for line in lines if "scatter" in line)
@@ -91,5 +91,5 @@ def test_the_table_judges_each_row_by_its_target_on_a_gpu(tmp_path):
     assert "meets" in next(line for line in lines if line.startswith("P2"))
     assert "MISSES" in next(line for line in lines if line.startswith("P4"))
     (tmp_path / "kernels.csv").unlink()
-    assert "no kernels.csv" in gpu_table.table(tmp_path, "gpu")
-    assert "MISSES" not in gpu_table.table(tmp_path, "cpu")
+    assert "no kernels.csv" in _gpu_table.table(tmp_path, "gpu")
+    assert "MISSES" not in _gpu_table.table(tmp_path, "cpu")

@@ -6,7 +6,7 @@ worst gather and scatter ratio per backend over the card's sizes, 8-64 KiB pages
 `gpu_paths.csv` (P1 of the vLLM worker path, P2-P4 of both). A missing file is a row
 saying so. The verdict is only a verdict on a GPU; on CPU every row says "dry run".
 
-    python benchmarks/gpu_table.py OUT
+    python benchmarks/_gpu_table.py OUT
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def table(out: pathlib.Path, platform: str) -> str:
 
 def main(argv: list[str]) -> int:
     if len(argv) not in (1, 2):
-        print("usage: gpu_table.py OUT [PLATFORM]", file=sys.stderr)
+        print("usage: _gpu_table.py OUT [PLATFORM]", file=sys.stderr)
         return 2
     out = pathlib.Path(argv[0])
     platform = argv[1] if len(argv) == 2 else "gpu"
