@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jax_kvoffload.bridge._vllm_pools import (
     canonical_worker_pool,
@@ -25,6 +25,9 @@ from jax_kvoffload.config import (
     OffloadingConfig,
     host_tier_config,
 )
+
+if TYPE_CHECKING:
+    from jax_kvoffload.hostmem import HostPool, SharedHostRegion
 
 __all__ = ["build_spec_classes", "our_offloading_config"]
 
@@ -119,7 +122,8 @@ def build_spec_classes() -> dict[str, type]:
                 [(r.tensor_idx, r.page_size_bytes) for r in group]
                 for group in kv_caches.group_data_refs
             ]
-            pool = region = None
+            pool: HostPool | None = None
+            region: SharedHostRegion | None = None
             sizes: dict[str, Any] = {
                 "num_chunks": num_chunks,
                 "blocks_per_chunk": blocks_per_chunk,

@@ -149,8 +149,9 @@ class ScenarioConfig:
 def check_mesh_sizes(sizes: object, kv_heads: int) -> None:
     """`sizes` is (writer, reader), two positive device counts over which `kv_heads` KV
     heads shard into whole heads (one divides the other)."""
-    ok = isinstance(sizes, tuple) and len(sizes) == 2
-    if not ok or any(not isinstance(n, int) or isinstance(n, bool) or n < 1 for n in sizes):
+    if not (isinstance(sizes, tuple) and len(sizes) == 2) or any(
+        not isinstance(n, int) or isinstance(n, bool) or n < 1 for n in sizes
+    ):
         raise DemoConfigError(
             f"--mesh-sizes {sizes!r}: must be two positive device counts, the writer's and "
             "the reader's, e.g. 2,4"

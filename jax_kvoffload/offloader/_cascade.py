@@ -196,7 +196,7 @@ class TierPath:
         return list(jobs.values())
 
     def lookup(
-        self, group: int, keys: list[bytes], window: int | None, wait: bool
+        self, group: int, keys: list[OffloadKey], window: int | None, wait: bool
     ) -> tuple[int, int]:
         """Chunks loadable now from the host, after promoting the tiers' hits; and the
         chunks found (in the host or a tier: `hit_tokens`). The steps in one call, for

@@ -210,7 +210,13 @@ class JobRunner:
             finally:
                 self._exited[threading.current_thread().name].set()
 
-    def _finish_checked(self, job: _Job, start: int, stop: int, result: Any) -> None:
+    def _finish_checked(
+        self,
+        job: _Job,
+        start: int,
+        stop: int,
+        result: TaskResult | cf.Future[TaskResult] | BaseException,
+    ) -> None:
         """Finishes a task from what it returned: a result, a done future of one, or the
         exception it raised (logged and counted; its keys failed)."""
         try:

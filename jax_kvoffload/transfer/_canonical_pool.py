@@ -11,7 +11,7 @@ relays every call through the group's `CanonicalGroupPlan`.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -112,7 +112,9 @@ class CanonicalPoolView(HostPool):
         self.host_copies.add(out.nbytes, store=False)
         return out
 
-    def _by_chunk(self, group: int, slots: np.ndarray):
+    def _by_chunk(
+        self, group: int, slots: np.ndarray
+    ) -> Iterator[tuple[np.ndarray, np.ndarray, int, np.ndarray]]:
         """Per run of slots in one chunk: the chunk's `[blocks_per_chunk, width]` rows,
         the slots' places in them, where the run starts, and its canonical page ids.
 

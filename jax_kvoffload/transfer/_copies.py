@@ -10,7 +10,7 @@ the caller's thread, row writes and reads on the direction's worker thread.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
@@ -87,7 +87,7 @@ class StagedCopies:
                 ids = t.block_ids[start : start + n].astype(np.int32)
                 staging = pk.gather_blocks(gc.arrays, ids, layout=gc.layout, **self._kernel_kw)
                 if gc.relays:  # canonical RPA pages: per-shard padding dropped on device
-                    staging = to_canonical(gc.arrays, gc.canonical_kv_heads, staging)
+                    staging = to_canonical(gc.arrays, cast(int, gc.canonical_kv_heads), staging)
                 staged.append((t.group, t, t.first_slot + start, staging))
         # The D2H copies of every piece in one device_put (one dispatch per job).
         hosts = to_host([s for *_, s in staged], [not self._put_host[g] for g, *_ in staged])
@@ -199,7 +199,12 @@ class StagedCopies:
             load.pieces.append((group, ids, staging, buffers))
 
     def _fetch_sharded(
-        self, group: int, t: CheckedTransfer, first: int, shape: tuple[int, ...], sharding: Any
+        self,
+        group: int,
+        t: CheckedTransfer,
+        first: int,
+        shape: tuple[int, ...],
+        sharding: jax.sharding.Sharding,
     ) -> tuple[jax.Array, list[np.ndarray]] | None:
         """Sharded caches take their staging sharded like their page axes: each device
         receives only its shard, read from the rows straight into its own buffer."""
@@ -219,7 +224,12 @@ class StagedCopies:
                 gc = self._caches[group]
                 if gc.relays:  # the target's padding slots keep their bytes
                     staging = merge_into_pages(
-                        gc.arrays, gc.layout, gc.canonical_kv_heads, ids, staging, self._kernel_kw
+                        gc.arrays,
+                        gc.layout,
+                        cast(int, gc.canonical_kv_heads),  # set where relays is
+                        ids,
+                        staging,
+                        self._kernel_kw,
                     )
                 # The scatter donates the old arrays: its result must be kept, or the
                 # group's caches are gone. The job core runs this with SIGINT held.

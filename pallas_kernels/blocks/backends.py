@@ -121,7 +121,7 @@ class Backend:
         return self._params_type()
 
 
-_REGISTRY = (
+_REGISTRY: tuple[Backend, ...] = (
     Backend(
         name="tpu",
         where="TPU",

@@ -148,7 +148,9 @@ def check_block_ids(block_ids: Any, num_blocks: int, *, unique: bool) -> Any:
     return block_ids
 
 
-def check_staging(staging: Any, expected_shape: tuple[int, ...], cache: Any, layout: Any) -> None:
+def check_staging(
+    staging: Any, expected_shape: tuple[int, ...], cache: Any, layout: KVLayout
+) -> None:
     """``staging`` has exactly the shape and dtype ``gather_blocks`` returns, and lives
     where the caches do (or is a host array, or uncommitted: jit places those)."""
     dtype = cache.dtype

@@ -28,7 +28,7 @@ from .layout import KVLayout, as_bits
 class LocalPlan:
     """How to run a backend per device: the mesh and the specs of caches and staging."""
 
-    mesh: Any
+    mesh: jax.sharding.Mesh | jax.sharding.AbstractMesh
     cache_spec: PartitionSpec
     staging_spec: PartitionSpec
 
@@ -107,7 +107,7 @@ def spans_devices(caches: Sequence[Any]) -> bool:
 # shard_map path runs per device), or, for any other sharding, the whole cache.
 
 
-def _home(caches: Sequence[Any]) -> Any:
+def _home(caches: Sequence[Any]) -> jax.Device:
     return min(caches[0].sharding.device_set, key=lambda d: d.id)
 
 

@@ -20,7 +20,7 @@ from .errors import BackendConfigError, BackendUnavailableError
 from .layout import KVLayout, KVStacking, page_bytes
 
 
-def cache_device(cache: Any) -> Any | None:
+def cache_device(cache: Any) -> jax.Device | None:
     """The (first) device a call on ``cache`` runs on: its own for a jax array, jax's
     default device for a host (numpy) array, None for a tracer (unknown until lowering)."""
     if isinstance(cache, jax.core.Tracer):

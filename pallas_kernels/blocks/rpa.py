@@ -36,7 +36,7 @@ def _align(x: int, m: int) -> int:
 
 def rpa_packing(dtype: Any) -> int:
     """Slots per 32-bit word for ``dtype``: ``32 // bits`` (bf16 2, fp8/int8 4, fp32 1)."""
-    itemsize = np.dtype(dtype).itemsize
+    itemsize: int = np.dtype(dtype).itemsize
     if itemsize not in (1, 2, 4):
         raise LayoutError(
             f"dtype {np.dtype(dtype).name} has {itemsize} bytes; the RPA layout packs 1-, 2- "
@@ -170,7 +170,9 @@ def rpa_pack(k: Any, v: Any, *, shards: int = 1, pad_value: Any = None) -> np.nd
     return out.reshape(shape).view(k.dtype)
 
 
-def rpa_unpack(cache: Any, num_kv_heads: int, head_dim: int, *, shards: int = 1) -> tuple:
+def rpa_unpack(
+    cache: Any, num_kv_heads: int, head_dim: int, *, shards: int = 1
+) -> tuple[np.ndarray, np.ndarray]:
     """Inverse of ``rpa_pack``: numpy K, V ``[num_blocks, block_size, H, head_dim]``."""
     cache = np.asarray(cache)
     check_rpa_geometry(cache.shape, cache.dtype, num_kv_heads, shards)

@@ -180,7 +180,7 @@ def build_classes() -> dict[str, type]:
         def register_runner(self, runner: Any) -> None:
             self.connector_worker.register_runner(runner)
 
-        def start_load_kv(self, fwd_ctx: Any, **kwargs: Any) -> None:
+        def start_load_kv(self, fwd_ctx: Any, **kwargs: Any) -> None:  # type: ignore[override]
             self.connector_worker.start_load_kv()
 
         def wait_for_layer_load(self, layer_name: str) -> None:
