@@ -107,3 +107,34 @@ def test_completing_an_unknown_chunk_is_refused_before_anything_changes():
         m.mark_completion([chunks[0].chunk_id, 999], "save")
     assert isinstance(UnknownChunkError("save", [1], [1]), ValueError)
     assert m.lookup([H[0]]) == 0  # still write-pending: nothing was completed
+
+
+def _tiered(tier_dir, rows: int = 4):
+    from jax_kvoffload.hostmem import build_host_pool
+    from jax_kvoffload.tiers import DiskTier, DiskTierConfig
+
+    m, hub = _manager(rows)
+    pool, _ = build_host_pool(rows, {0: 64}, 1)
+    tier = DiskTier(DiskTierConfig(path=str(tier_dir), capacity_bytes=1 << 20), bytes(32))
+    hub.attach_worker(pool, None, (tier,), 1)
+    return m, hub, pool
+
+
+def test_saves_cascade_to_a_tier_and_a_fresh_store_is_served_from_it(tmp_path):
+    """Fast, without tpu-inference: what the harness's tier scenarios check across
+    processes, on the manager alone (a fresh store, pool and tier over one directory)."""
+    m, hub, pool = _tiered(tmp_path / "tier")
+    chunks, _ = m.allocate_for_save(H[:2])
+    ids = [c.chunk_id for c in chunks]
+    for i, c in enumerate(ids):
+        pool.chunk_row_for_write(0, c)[:] = i + 1  # what the worker's save wrote
+    m.mark_completion(ids, "save")
+    assert hub.tier_path().wait(timeout=30)
+    hub.close()
+
+    fresh, hub2, pool2 = _tiered(tmp_path / "tier")
+    assert fresh.lookup(H[:3]) == 2  # promoted from the tier before it is counted
+    loaded = fresh.prepare_load(H[:2])
+    for i, c in enumerate(loaded):
+        assert (pool2.chunk_row(0, c.chunk_id) == i + 1).all()
+    hub2.close()

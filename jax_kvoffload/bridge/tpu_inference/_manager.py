@@ -15,6 +15,10 @@ and stats are the store's. With secondary tiers (`Hub.tier_path`):
   tier (keyed by content: another engine, or this one restarted, is served them).
 
 A save the worker reports failed (`Hub.take_failed`) frees its chunk instead.
+
+Interrupts: these calls run inside vLLM's scheduler step, which does not survive a
+KeyboardInterrupt (the engine process ends); unlike `KVOffloader`'s entry points they
+do not hold SIGINT (tests/test_layering.py: only the listed entry points may).
 """
 
 from __future__ import annotations
@@ -22,7 +26,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from jax_kvoffload._interrupts import deferred_interrupts
 from jax_kvoffload.bridge.tpu_inference._errors import (
     TPUConnectorStateError,
     UnknownChunkError,
@@ -62,15 +65,12 @@ class StoreManager:
         """Leading hashes whose chunks are loadable now (after tier promotions)."""
         keys = [self._key(h) for h in chunk_hashes]
         path = self._hub.tier_path()
-        if path is not None:  # as KVOffloader's lookup with tiers, waiting (theirs is sync)
-            with deferred_interrupts():
-                path.process()
+        if path is not None:  # KVOffloader's lookup with tiers, waiting (theirs is sync)
+            path.process()
             plan = path.plan_lookup(keys, None)  # asks the tiers: bounded calls
-            with deferred_interrupts():
-                promotions = path.promote_plan(GROUP, plan)
+            promotions = path.promote_plan(GROUP, plan)
             path.wait(promotions)  # bounded by the tiers' timeouts
-            with deferred_interrupts():
-                path.process(promotions)
+            path.process(promotions)
             return path.loadable(plan, recount=True)
         return prefix_chunks([self._store.lookup(k) is LookupResult.HIT for k in keys], None)
 
