@@ -61,12 +61,9 @@ LOWER["demo"] = {*LOWER["bridge"], "bridge", "jax_kvoffload"}
 PACKAGES = {p.stem for p in (ROOT / "jax_kvoffload").iterdir() if p.suffix == ".py" or p.is_dir()}
 
 # The only modules that may hold SIGINT (docs/architecture.md, "Interrupts"): the helper,
-# KVOffloader's entry points, the tpu-inference connector's scheduler-side entry points
-# (its manager: called by their scheduler, it drives our store and tier path as
-# KVOffloader does), and the job cores of the worker engines and of the tiers.
+# KVOffloader's entry points, and the job cores of the worker engines and of the tiers.
 SIGNAL_HOLDERS = {
     "jax_kvoffload/_interrupts.py",
-    "jax_kvoffload/bridge/tpu_inference/_manager.py",
     "jax_kvoffload/offloader/_offloader.py",
     "jax_kvoffload/transfer/_job_core.py",
     "jax_kvoffload/tiers/_job_runner.py",

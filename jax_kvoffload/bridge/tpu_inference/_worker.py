@@ -78,9 +78,7 @@ class StoreWorker:
         if host.secondary_tiers and len(groups.layers) > 1:
             raise TPUConnectorConfigError(
                 "secondary_tiers",
-                # BUG (mypy): tier configs have no `kind` (their name is `.type`): this
-                # raises AttributeError instead of the error.
-                [t.kind for t in host.secondary_tiers],  # type: ignore[union-attr]
+                [t.type for t in host.secondary_tiers],
                 f"the model's layers have {len(groups.layers)} page shapes; secondary tiers "
                 "serve one (drop secondary_tiers for hybrid models)",
             )
