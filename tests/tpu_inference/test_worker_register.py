@@ -92,3 +92,28 @@ def test_a_second_registration_of_another_geometry_is_refused():
     with pytest.raises(TPUConnectorStateError, match="another geometry"):
         w.register_runner(NS(kv_caches=_caches(rng, layers=3)))
     hub.close()
+
+
+def test_a_load_spec_whose_blocks_and_chunks_do_not_pair_is_refused():
+    # Two requests, 3 blocks / 2 chunks and 1 block / 2 chunks: 4 and 4 in all, so the
+    # engine saw nothing wrong and loaded chunk 2 into block 7, chunk 3 into block 0.
+    rng = np.random.default_rng(2)
+    w, conn, hub = _worker()
+    runner = NS(kv_caches=_caches(rng))
+    w.register_runner(runner)
+    save = NS(
+        skip_save=False, is_final_save=False, src_blocks=[1, 2, 3, 4], dst_chunks=[0, 1, 2, 3]
+    )
+    conn.meta = [NS(req_id="a", load_spec=None, save_spec=save)]
+    w.start_save_kv()
+    hub.engine.wait([1])
+    before = [np.asarray(a).view(np.uint16).copy() for a in runner.kv_caches]
+    x = NS(can_load=True, dst_blocks=[5, 6, 7], src_chunks=[0, 1])
+    y = NS(can_load=True, dst_blocks=[0], src_chunks=[2, 3])
+    conn.meta = [NS(req_id=r, save_spec=None, load_spec=s) for r, s in (("x", x), ("y", y))]
+    with pytest.raises(TPUConnectorStateError, match="request x: load_spec has 3 dst_blocks"):
+        w.start_load_kv()
+    for got, b in zip(runner.kv_caches, before, strict=True):
+        np.testing.assert_array_equal(np.asarray(got).view(np.uint16), b)
+    assert w._stats.loads == []
+    hub.close()

@@ -176,6 +176,14 @@ class StoreWorker:
         if not loads:
             return
         engine, groups = self._engine_and_groups()
+        for m in loads:  # one chunk per block: a mismatch would shift every later pair
+            spec = m.load_spec
+            if len(spec.dst_blocks) != len(spec.src_chunks):
+                raise TPUConnectorStateError(
+                    f"request {m.req_id}: load_spec has {len(spec.dst_blocks)} dst_blocks "
+                    f"and {len(spec.src_chunks)} src_chunks; a chunk holds one block, so "
+                    "they must pair one to one (nothing was loaded)"
+                )
         blocks = tuple(b for m in loads for b in m.load_spec.dst_blocks)
         chunks = tuple(c for m in loads for c in m.load_spec.src_chunks)
         caches = self._sync_in()
