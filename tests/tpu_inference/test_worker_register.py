@@ -13,7 +13,10 @@ import numpy as np
 import pytest
 
 import pallas_kernels as pk
-from jax_kvoffload.bridge.tpu_inference._errors import TPUConnectorStateError
+from jax_kvoffload.bridge.tpu_inference._errors import (
+    TPUConnectorConfigError,
+    TPUConnectorStateError,
+)
 from jax_kvoffload.bridge.tpu_inference._hub import Hub
 from jax_kvoffload.bridge.tpu_inference._worker import StoreWorker
 from jax_kvoffload.config import host_tier_config
@@ -116,4 +119,16 @@ def test_a_load_spec_whose_blocks_and_chunks_do_not_pair_is_refused():
     for got, b in zip(runner.kv_caches, before, strict=True):
         np.testing.assert_array_equal(np.asarray(got).view(np.uint16), b)
     assert w._stats.loads == []
+    hub.close()
+
+
+@pytest.mark.parametrize("geometry", [(6, 4), (8, 8)], ids=["num_blocks", "block_size"])
+def test_layers_of_another_block_geometry_are_refused(geometry):
+    # A hybrid model's second page shape was accepted with layer 0's (num_blocks,
+    # block_size) reported for it; a block id then named no block, or half of one.
+    rng = np.random.default_rng(3)
+    other = jnp.zeros(pk.rpa_cache_shape(*geometry, 4, 128, jnp.bfloat16), jnp.bfloat16)
+    w, _, hub = _worker()
+    with pytest.raises(TPUConnectorConfigError, match=r"kv_caches\[1\].shape"):
+        w.register_runner(NS(kv_caches=[_caches(rng)[0], other]))
     hub.close()
