@@ -180,6 +180,7 @@ class TorchKVWorker:
         self._bpc = _check_int("blocks_per_chunk", blocks_per_chunk, 1)
         num_chunks = _check_int("num_chunks", num_chunks, 0)
         bucket_sizes(0, max_bucket)  # validates max_bucket
+        max_staging_bytes = _check_int("max_staging_bytes", max_staging_bytes, 0)
         self._geo = [
             TensorBytes.of(*_pair("tensors", i, pair), name=f"tensor {i}")
             for i, pair in enumerate(tensors)
