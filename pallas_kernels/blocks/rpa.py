@@ -131,6 +131,7 @@ def rpa_merge_canonical(
     """``into`` (RPA pages, e.g. the gather of the blocks about to be loaded) with its real
     slots replaced by ``canonical`` (``rpa_canonical``'s shape); padding slots keep their
     bytes. Where no shard pads this is ``canonical`` reshaped (``into`` unread)."""
+    check_rpa_geometry((0, *into.shape[-4:]), into.dtype, num_kv_heads, shards)
     real, padded = rpa_slots_per_shard(num_kv_heads, into.dtype, shards)
     lead, bs, d = _page_axes(into)
     want = (*lead, bs, shards * real, d)

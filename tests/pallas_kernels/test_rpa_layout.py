@@ -153,3 +153,11 @@ def test_pack_and_unpack_refuse_inputs_they_would_misread():
         pk.rpa_unpack(cache, 3, 200)
     with pytest.raises(pk.LayoutMismatchError, match="got shape"):
         pk.rpa_unpack(cache[0], 3, 64)
+
+
+def test_merge_canonical_refuses_pages_of_other_heads():
+    # Before: a bare TypeError from a reshape (canonical pages sized for the heads
+    # passed, RPA pages for others).
+    into = jnp.zeros(pk.rpa_cache_shape(3, 4, 2, 128, jnp.bfloat16), jnp.bfloat16)
+    with pytest.raises(pk.LayoutMismatchError, match="for 4 KV heads"):
+        pk.rpa_merge_canonical(into, jnp.zeros((3, 4, 8, 128), jnp.bfloat16), 4, 1)
