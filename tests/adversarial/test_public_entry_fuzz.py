@@ -46,6 +46,7 @@ from jax_kvoffload.config import (
 from jax_kvoffload.errors import KVOffloadError
 from jax_kvoffload.hostmem import HostChunkPool
 from jax_kvoffload.store import HostStore
+from tests.adversarial.test_error_leaks import leaks
 from tests.faults._helpers import config, noise
 
 torch = pytest.importorskip("torch")
@@ -303,6 +304,8 @@ def verdict(case: Case) -> str | None:
             return f"shows no value {case.shown}: {message}"
         if not FIX.search(message):
             return f"gives no fix: {message}"
+        if leaked := leaks(message, []):  # internals of the parts, raw bytes
+            return f"leaks {leaked}: {message}"
         return None
     except Exception as e:
         return f"untyped {type(e).__name__}: {e}"
