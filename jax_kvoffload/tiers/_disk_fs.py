@@ -172,12 +172,12 @@ def open_private_root(path: str) -> int:
         fd = os.open(path, _DIR_FLAGS)
     except OSError as e:
         if e.errno in (errno.ELOOP, errno.ENOTDIR):
-            real = os.path.realpath(path)
-            kind = "a symbolic link" if os.path.islink(path) else "not a directory"
-            raise UnsafeDirectoryError(
-                f"tier directory {path!r} is {kind}; links are never followed: "
-                f"configure the real directory ({real!r}) instead"
-            ) from None
+            if os.path.islink(path):
+                real = os.path.realpath(path)
+                why = f"a symbolic link; links are never followed: configure {real!r} instead"
+            else:  # a file, a FIFO, a device where the directory should be
+                why = "not a directory: point path at a directory, or move that file away"
+            raise UnsafeDirectoryError(f"tier directory {path!r} is {why}") from None
         raise _cannot(path, e) from None
     try:
         _check_private(fd, path)
