@@ -54,3 +54,14 @@ def test_a_bad_tier_url_never_prints_its_password(tier, capsys):
     assert main(["demo", "--quiet", "--tier", tier]) == 2
     err = capsys.readouterr().err
     assert "hunter2" not in err and "--tier" in err
+
+
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [(["--layers", "-1"], "--layers"), (["--kv-heads", "3"], "--kv-heads"),
+     (["--prompt-blocks", "1", "--blocks-per-chunk", "4"], "--prompt-blocks")],
+)  # fmt: skip
+def test_a_bad_size_is_named_by_the_flag_that_was_typed(flags, named, capsys):
+    # Before: "num_layers=-1 must be a positive int" for `--layers -1`.
+    assert main(["demo", "--quiet", *flags]) == 2
+    assert named in capsys.readouterr().err
