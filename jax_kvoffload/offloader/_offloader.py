@@ -52,12 +52,7 @@ from jax_kvoffload.offloader._job_book import JobBook
 from jax_kvoffload.offloader._load_plan import locate_missing, prepare_load
 from jax_kvoffload.offloader._tier_stats import TierPathStats
 from jax_kvoffload.stats import OffloadStats
-from jax_kvoffload.store import (
-    KeyNotReadyError,
-    KeyNotStoredError,
-    LookupResult,
-    make_offload_key,
-)
+from jax_kvoffload.store import KeyNotReadyError, KeyNotStoredError, LookupResult, make_offload_key
 from jax_kvoffload.tiers import SecondaryTier, namespace_digest
 from jax_kvoffload.transfer import (
     Direction,
