@@ -7,7 +7,10 @@ write + fsync and a cold read of the same bytes as one file in the same director
 pipeline depth, on the same server (one started here on a free loopback port, or
 `--redis-url` of a scratch server; target >= 0.7). Redis Cluster (`--cluster`,
 benchmarks/_tiers_cluster.py): the tier on a 3-primary loopback cluster against
-`redis-benchmark --cluster` (target >= 0.7), and 3 primaries against 1. Medians of
+`redis-benchmark --cluster` (target >= 0.7), and 3 primaries against 1. Mooncake
+(`--mooncake`, benchmarks/_tiers_mooncake.py): `MooncakeTier` against Mooncake's own
+`batch_put_from` / `batch_get_into` of the same rows through the same master (a private
+loopback store; target >= 0.8). Medians of
 `--repeats` alternating runs; GB/s = 10^9 bytes/s. Method and recorded numbers:
 docs/tiers.md "Performance".
 
@@ -19,6 +22,7 @@ Usage:
   python benchmarks/tiers.py --quick      # small sizes, seconds
   python benchmarks/tiers.py              # 512 MiB per disk pass, 256 MiB per Redis pass
   python benchmarks/tiers.py --cluster    # and the Redis Cluster part
+  python benchmarks/tiers.py --mooncake   # and the Mooncake Store part
   python benchmarks/tiers.py --json       # one JSON document on stdout
   python benchmarks/tiers.py --out DIR    # CSV + PNG (default benchmarks/results/)
 """
@@ -40,6 +44,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # _report, _ti
 import _report
 import _tiers_cluster
 import _tiers_disk
+import _tiers_mooncake
 import _tiers_redis
 from _tiers_common import ROW_FIELDS, MiB, info_row
 
@@ -143,8 +148,16 @@ def note_for(args: argparse.Namespace, backend: str, mode: str | None, skipped: 
             f"redis cluster: the same values on 3 and on 1 loopback primaries, against "
             f"redis-benchmark --cluster (target >= {_tiers_cluster.TARGET:g}; 3 vs 1: no target)"
         )
-    if skipped:
-        parts.append(skipped)
+    if args.mooncake and not args.mooncake_skipped:
+        where = "the --mooncake-master store" if args.mooncake_master else "a private store"
+        parts.append(
+            f"mooncake: {args.values} x {args.value_kib:g} KiB on {where} (master + one "
+            f"storage node, tcp), against Mooncake's batch_put_from / batch_get_into of the "
+            f"same rows, batches and threads (target >= {_tiers_mooncake.TARGET:g})"
+        )
+    for why in (skipped, args.mooncake_skipped):
+        if why:
+            parts.append(why)
     return first + "\n" + "; ".join(parts) + "."
 
 
@@ -258,6 +271,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-redis", action="store_true")
     p.add_argument("--clients", action="store_true", help="compare RESP clients too")
     p.add_argument("--cluster", action="store_true", help="the Redis Cluster part too")
+    p.add_argument("--mooncake", action="store_true", help="the Mooncake Store part too")
+    p.add_argument("--mooncake-master", default=None, help="host:port of a scratch store")
+    p.add_argument("--mooncake-metadata", default=None, help="its metadata server URL")
     _report.add_output_args(p, pathlib.Path(__file__).resolve().parent / "results")
     return p
 
@@ -271,6 +287,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--chunk-mib / --value-kib: a chunk or value must be at least one byte")
     if args.no_disk and args.dir:
         p.error("--dir: names the directory the disk part measures; drop it or --no-disk")
+    if bool(args.mooncake_master) != bool(args.mooncake_metadata):
+        p.error("--mooncake-master and --mooncake-metadata name one store: give both")
+    if args.mooncake_master and not args.mooncake:
+        p.error("--mooncake-master: belongs to the Mooncake part; add --mooncake")
+    args.mooncake_skipped = ""
     for flag in ("redis_url", "clients"):
         if args.no_redis and getattr(args, flag) and not (flag == "clients" and args.cluster):
             name = "--" + flag.replace("_", "-")
@@ -292,6 +313,11 @@ def main(argv: list[str] | None = None) -> int:
         print(skipped, file=sys.stderr)
     steps = 1 + (0 if args.no_disk else args.repeats) + (args.repeats + args.clients) * redis
     steps += (args.repeats + args.clients) * cluster
+    mooncake = args.mooncake
+    if mooncake and (why := _tiers_mooncake.available()):
+        args.mooncake_skipped, mooncake = why, False
+        print(why, file=sys.stderr)
+    steps += args.repeats * mooncake
     progress = _report.Progress(steps, quiet=args.quiet)
     rows: list[dict] = []
     progress.step("CRC32C of 8 MiB")
@@ -301,6 +327,8 @@ def main(argv: list[str] | None = None) -> int:
         _tiers_redis.bench_redis(args, rows, progress.step)
     if cluster:
         _tiers_cluster.bench_cluster(args, rows, progress.step)
+    if mooncake:
+        _tiers_mooncake.bench_mooncake(args, rows, progress.step)
     progress.finish()
     report(args, rows, backend, note_for(args, backend, mode, skipped))
     return 0

@@ -1,21 +1,23 @@
-"""tpu-inference 0.32.0's offload connector: save and load throughput with its own backend.
+"""tpu-inference 0.32.0's offload connector, with its host backend and with ours.
 
-Their `TPUOffloadConnector` worker, fed their metadata as their scheduler emits it, with
-their `LocalCPUBackend` (a dict of per-block `pinned_host` arrays), on the RPA v3 cache
-layout and the harness's CPU mesh (tests/tpu_inference/). Per job of `--blocks` blocks it
-times, alternating, in the same run:
+Two workers of the `TPUOffloadConnector` interface, fed the same metadata (theirs, as
+their scheduler emits it), on the same RPA v3 caches and the harness's CPU mesh
+(tests/tpu_inference/):
 
-  save   their gather (pure JAX on an attn_dp mesh) + one device_put per block to
-         pinned_host, until the worker reports every chunk saved
-  load   one device_put per chunk back to the device + their scatter
-  d2h    one device_put of the same bytes as one array (the copy a save cannot beat)
-  h2d    the same, host to device
+  theirs  tpu-inference's worker and `LocalCPUBackend` (a dict of per-block
+          `pinned_host` arrays): their pure-JAX gather / scatter on an attn_dp mesh and
+          one device_put per block
+  ours    `jax_kvoffload.bridge.tpu_inference.TPUOffloadConnector`'s worker: our gather
+          kernel into one staging array per bucket, one device_put per bucket, our host
+          pool rows; loads back the same way and our scatter
 
-and reports throughput and the ratios save/d2h and load/h2d (median of `--repeats`).
-The comparison with our backend behind their scheduler (the issue's ratio >= 1.0) comes
-with `jax_kvoffload.bridge.tpu_inference`: its columns join this table then. Their load on
-a mesh without attn_dp is a Pallas TPU DMA kernel with no CPU lowering: TPU only, not
-measured yet (docs/tpu_inference.md).
+Per job of `--blocks` blocks it times, alternating, in the same run: each connector's
+save (until the worker reports every chunk saved) and load (until the caches are
+ready), and one device_put of the same bytes each way (d2h, h2d: the copy a save or load
+cannot beat). It reports throughput, the ratios ours/theirs (the issue's target: >= 1.0)
+and each against the plain copies (median of `--repeats`). Their load on a mesh without
+attn_dp is a Pallas TPU DMA kernel with no CPU lowering: TPU only, not measured yet
+(docs/tpu_inference.md).
 
     python benchmarks/tpu_inference.py --quick           # about a minute on 2 CPU cores
     python benchmarks/tpu_inference.py --blocks 8 32 128 --layers 8 --dtype float8_e4m3fn
@@ -48,6 +50,8 @@ QUICK = {"blocks": [4, 16], "layers": 2, "kv_heads": 4, "head_dim": 128, "block_
 DTYPES = ("bfloat16", "float8_e4m3fn", "int8", "float32")
 DEVICES = 4
 THEIRS = "tpu_inference.offload.tpu_offload_connector:TPUOffloadConnector"
+OURS = "jax_kvoffload.bridge.tpu_inference:TPUOffloadConnector"
+CONNECTORS = {"theirs": THEIRS, "ours": OURS}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -83,32 +87,14 @@ def _metadata(types, req_id: str, blocks: list[int], chunks: list[int], bs: int,
     return types.TPUOffloadConnectorMetadata(requests_meta=[meta])
 
 
-def measure(stack, types, roles, n: int, sweep: dict, dtype_name: str, repeats: int) -> dict:
+def _jobs(stack, types, roles, connector, caches, m, n: int, bs: int) -> dict:
+    """Save and load jobs of n blocks through one connector's worker."""
     import jax
-    from jax.sharding import NamedSharding
-    from jax.sharding import PartitionSpec as P
 
-    bs, layers = sweep["block_size"], sweep["layers"]
-    m, spec = stack.mesh("attn_dp")
-    dtype = stack.DTYPES[dtype_name]
-    shape = stack.cache_shape(m, 2 * n, bs, sweep["kv_heads"], sweep["head_dim"], dtype)
-    caches, _ = stack.make_caches(m, spec, [shape] * layers, dtype, seed=1)
-    config = stack.EngineConfig(bs, THEIRS)
-    worker = stack.load_connector(THEIRS)(config, roles.WORKER)
+    worker = stack.load_connector(connector)(stack.EngineConfig(bs, connector), roles.WORKER)
     runner = stack.Runner(caches, m)
     worker.register_runner(runner)
     src, dst, chunks = list(range(n)), list(range(n, 2 * n)), list(range(n))
-    page = shape[1:]
-    nbytes = n * layers * int(jax.numpy.dtype(dtype).itemsize)
-    for d in page:
-        nbytes *= d
-    # The same bytes as one array, sharded as their chunks are (heads over "model").
-    staging = jax.device_put(
-        stack.random_values((n, layers, *page), dtype, 5),
-        NamedSharding(m, P(None, None, None, "model")),
-    )
-    host_kind = NamedSharding(m, P(None, None, None, "model"), memory_kind="pinned_host")
-    device_kind = NamedSharding(m, P(None, None, None, "model"), memory_kind="device")
 
     def save() -> None:
         worker.bind_connector_metadata(_metadata(types, "s", src, chunks, bs, save=True))
@@ -130,6 +116,34 @@ def measure(stack, types, roles, n: int, sweep: dict, dtype_name: str, repeats: 
         jax.block_until_ready(runner.kv_caches)
         worker.clear_connector_metadata()
 
+    return {"save": save, "load": load}
+
+
+def measure(stack, types, roles, n: int, sweep: dict, dtype_name: str, repeats: int) -> dict:
+    import jax
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    bs, layers = sweep["block_size"], sweep["layers"]
+    m, spec = stack.mesh("attn_dp")
+    dtype = stack.DTYPES[dtype_name]
+    shape = stack.cache_shape(m, 2 * n, bs, sweep["kv_heads"], sweep["head_dim"], dtype)
+    page = shape[1:]
+    nbytes = n * layers * int(jax.numpy.dtype(dtype).itemsize)
+    for d in page:
+        nbytes *= d
+    jobs = {}
+    for who, connector in CONNECTORS.items():  # each worker owns (donates) its caches
+        caches, _ = stack.make_caches(m, spec, [shape] * layers, dtype, seed=1)
+        for k, job in _jobs(stack, types, roles, connector, caches, m, n, bs).items():
+            jobs[f"{who}_{k}"] = job
+    # The same bytes as one array, sharded as their chunks are (heads over "model").
+    staging = jax.device_put(
+        stack.random_values((n, layers, *page), dtype, 5),
+        NamedSharding(m, P(None, None, None, "model")),
+    )
+    host_kind = NamedSharding(m, P(None, None, None, "model"), memory_kind="pinned_host")
+    device_kind = NamedSharding(m, P(None, None, None, "model"), memory_kind="device")
     host = {}
 
     def d2h() -> None:
@@ -138,7 +152,7 @@ def measure(stack, types, roles, n: int, sweep: dict, dtype_name: str, repeats: 
     def h2d() -> None:
         jax.block_until_ready(jax.device_put(host["x"], device_kind))
 
-    jobs = {"save": save, "load": load, "d2h": d2h, "h2d": h2d}
+    jobs.update({"d2h": d2h, "h2d": h2d})
     for job in jobs.values():  # warm-up: every shape compiles once
         job()
     samples: dict[str, list[float]] = {k: [] for k in jobs}
@@ -150,8 +164,11 @@ def measure(stack, types, roles, n: int, sweep: dict, dtype_name: str, repeats: 
     row.update({"bytes": nbytes, "mib": nbytes / _report.MIB})
     row.update({f"{k}_s": v for k, v in t.items()})
     row.update({f"{k}_gibps": _report.gib_per_s(nbytes, v) for k, v in t.items()})
-    row["save_vs_d2h"] = t["d2h"] / t["save"]
-    row["load_vs_h2d"] = t["h2d"] / t["load"]
+    row["save_ours_vs_theirs"] = t["theirs_save"] / t["ours_save"]
+    row["load_ours_vs_theirs"] = t["theirs_load"] / t["ours_load"]
+    for who in CONNECTORS:
+        row[f"{who}_save_vs_d2h"] = t["d2h"] / t[f"{who}_save"]
+        row[f"{who}_load_vs_h2d"] = t["h2d"] / t[f"{who}_load"]
     return row
 
 
@@ -162,8 +179,10 @@ def plot(rows: list[dict], path: pathlib.Path) -> None:
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
     mib = [r["mib"] for r in rows]
     for key, label in (
-        ("save_gibps", "their save"),
-        ("load_gibps", "their load"),
+        ("theirs_save_gibps", "their save"),
+        ("theirs_load_gibps", "their load"),
+        ("ours_save_gibps", "our save"),
+        ("ours_load_gibps", "our load"),
         ("d2h_gibps", "one D2H copy"),
         ("h2d_gibps", "one H2D copy"),
     ):
@@ -171,7 +190,7 @@ def plot(rows: list[dict], path: pathlib.Path) -> None:
     ax.set_xscale("log", base=2)
     ax.set_xlabel("bytes per job (MiB)")
     ax.set_ylabel("GiB/s")
-    ax.set_title("tpu-inference 0.32.0 offload, LocalCPUBackend")
+    ax.set_title("tpu-inference 0.32.0 offload: their backend vs ours")
     ax.legend()
     _report.save(fig, path)
 
@@ -206,19 +225,29 @@ def main(argv: list[str] | None = None) -> int:
     cols = [
         Col("blocks", "blocks"),
         Col("mib", "job", "MiB", 2),
-        Col("save_gibps", "their save", "GiB/s"),
+        Col("theirs_save_gibps", "their save", "GiB/s"),
+        Col("ours_save_gibps", "our save", "GiB/s"),
+        Col("save_ours_vs_theirs", "save ours/theirs", "x"),
+        Col("theirs_load_gibps", "their load", "GiB/s"),
+        Col("ours_load_gibps", "our load", "GiB/s"),
+        Col("load_ours_vs_theirs", "load ours/theirs", "x"),
+    ]
+    copies = [
+        Col("blocks", "blocks"),
         Col("d2h_gibps", "one D2H", "GiB/s"),
-        Col("save_vs_d2h", "save/D2H", "x"),
-        Col("load_gibps", "their load", "GiB/s"),
+        Col("theirs_save_vs_d2h", "their save/D2H", "x"),
+        Col("ours_save_vs_d2h", "our save/D2H", "x"),
         Col("h2d_gibps", "one H2D", "GiB/s"),
-        Col("load_vs_h2d", "load/H2D", "x"),
+        Col("theirs_load_vs_h2d", "their load/H2D", "x"),
+        Col("ours_load_vs_h2d", "our load/H2D", "x"),
     ]
     note = (
         f"median of {args.repeats} alternating runs; {args.dtype} RPA v3 caches "
         f"{rows[0]['cache_shape']} per layer on a {DEVICES}-device attn_dp x model CPU mesh; "
-        "their LocalCPUBackend (pinned_host arrays per block)"
+        "theirs: LocalCPUBackend (pinned_host arrays per block); ours: our kernels and pool"
     )
-    _report.emit("tpu_inference", args, [("their connector", rows, cols)], rows, note=note)
+    tables = [("their connector vs ours", rows, cols), ("against one plain copy", rows, copies)]
+    _report.emit("tpu_inference", args, tables, rows, note=note)
     return 0
 
 

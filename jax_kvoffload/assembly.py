@@ -87,7 +87,7 @@ def engine_pages(caches: Mapping[int, GroupCaches]) -> list[dict[str, Any]]:
                 "page_format": gc.layout.page_format.value,
                 "kv_stacking": gc.layout.kv_stacking.value,
                 "arrays": len(gc.arrays),
-                "page_shape": list(gc.layout.page_shape(tuple(first.shape))),
+                "page_shape": list(gc.host_page_shape[1:]),  # canonical RPA: no padding
                 "itemsize": first.dtype.itemsize,
             }
         )
@@ -120,9 +120,9 @@ def open_tiers(
                 )
             opened.append(open_tier(tier, namespace, describe=describe))
             logger.info("secondary tier %d: %s", i, type(opened[-1]).__name__)
-    except BaseException:
-        for tier in reversed(opened):
-            tier.close()
+    except BaseException:  # on any exit: the tiers opened so far are closed
+        for opened_tier in reversed(opened):
+            opened_tier.close()
         raise
     return tuple(opened)
 
@@ -138,6 +138,7 @@ def assemble_host_tier(
     enable_events: bool = False,
     tiers: tuple[SecondaryTier, ...] | None = None,
     pages: Any = None,
+    accelerator: bool = False,
 ) -> HostTierParts:
     """Store + pool + tiers for one process that is both scheduler and worker.
 
@@ -149,6 +150,7 @@ def assemble_host_tier(
       enable_events: the store records KV events.
       tiers: tiers already opened (used instead of opening `host.secondary_tiers`).
       pages: the engine's page description for the tiers' namespace (`engine_pages`).
+      accelerator: the caches are on a GPU or TPU (`host_pool="auto"` is "pinned").
     """
     capacity = host_capacity(
         host,
@@ -159,7 +161,11 @@ def assemble_host_tier(
     )
     store = build_store(host, capacity.num_chunks, enable_events=enable_events)
     pool, _ = build_host_pool(
-        store.num_chunks, bytes_per_block, config.cache.blocks_per_chunk, kind=host.host_pool
+        store.num_chunks,
+        bytes_per_block,
+        config.cache.blocks_per_chunk,
+        kind=host.host_pool,
+        accelerator=accelerator,
     )
     if tiers is None:
         opened = open_tiers(config, host, pages=pages)

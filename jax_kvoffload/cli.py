@@ -44,6 +44,8 @@ BENCHMARKS = (
     "tiers",
     "pools",
     "tpu_inference",
+    "kernels_rpa",
+    "gpu_paths",
 )
 
 
@@ -152,6 +154,7 @@ def _demo_config(args: argparse.Namespace):
         ffn_dim=args.ffn_dim,
         rope=not args.no_rope,
         seed=args.seed,
+        cache_layout=args.layout,
     )
     sizes = dict(
         block_size=args.block_size,
@@ -161,7 +164,10 @@ def _demo_config(args: argparse.Namespace):
         blocks_per_chunk=args.blocks_per_chunk,
         skip_load=args.skip_load,
         tiers=tiers,
+        mesh_sizes=None if args.mesh_sizes is None else demo.parse_mesh_sizes(args.mesh_sizes),
     )
+    if sizes["mesh_sizes"] is not None and not (args.two_process or args.role):
+        raise demo.DemoConfigError("--mesh-sizes needs --two-process (one mesh per process)")
     demo.ScenarioConfig(model=model, **sizes)  # sizes and tier forms, without jax
     demo.check_tiers(tiers)  # directories, servers
     return demo.ScenarioConfig(model=model, kernel_backend=args.kernel_backend, **sizes)
@@ -184,6 +190,12 @@ def _add_demo(commands: argparse._SubParsersAction) -> None:
     sizes.add_argument("--vocab", type=int, default=1024, help="vocabulary size (1024)")
     sizes.add_argument("--no-rope", action="store_true", help="no rotary embeddings")
     sizes.add_argument("--seed", type=int, default=0, help="weights and prompts seed (0)")
+    sizes.add_argument(
+        "--layout",
+        choices=("nhd", "rpa"),
+        default="nhd",
+        help="KV cache layout: nhd, or rpa (tpu-inference's ragged-paged-attention v3)",
+    )
     scenario = demo.add_argument_group("scenario")
     scenario.add_argument("--block-size", type=int, default=16, help="tokens per block (16)")
     scenario.add_argument(
@@ -216,14 +228,23 @@ def _add_demo(commands: argparse._SubParsersAction) -> None:
         "--tier",
         action="append",
         metavar="TIER",
-        help="a secondary tier behind the host store: disk:PATH (a private directory) or "
-        "redis://HOST:PORT (a running Redis/Valkey server); repeatable",
+        help="a secondary tier behind the host store: disk:PATH (a private directory), "
+        "redis://HOST:PORT (a running Redis/Valkey server, or any node of a cluster; "
+        "several nodes of one cluster comma-separated) or mooncake://HOST:PORT (a "
+        "Mooncake Store's master; ?metadata=URL&local=HOST); repeatable",
     )
     tiers.add_argument(
         "--two-process",
         action="store_true",
         help="per tier: a writer process stores A's prefix, then a fresh reader process "
         "serves it from the tier; prints the ratio of serving vs recomputing it",
+    )
+    tiers.add_argument(
+        "--mesh-sizes",
+        metavar="W,R",
+        help="with --two-process: the writer's engine on W devices, the reader's on R "
+        "(CPU devices on a CPU host), KV heads sharded over each mesh; canonical pages "
+        "carry the prefix from one tensor-parallel size to the other, e.g. 2,4",
     )
     tiers.add_argument("--role", choices=("writer", "reader"), help=argparse.SUPPRESS)
     demo.add_argument("--json", action="store_true", help="print only JSON on stdout")
@@ -248,7 +269,7 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("file", help='JSON file: {"engine": {...}, "kv_cache": {...}}')
     explain.add_argument("--json", action="store_true", help="machine-readable output")
     explain.set_defaults(func=_config_explain, subparser=explain)
-    config.set_defaults(func=lambda _args: (config.print_help(), 0)[1])
+    config.set_defaults(func=lambda _args: (config.print_help(), 0)[1])  # type: ignore[func-returns-value]
 
     bench = commands.add_parser(
         "bench",

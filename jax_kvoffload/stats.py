@@ -140,6 +140,9 @@ class OffloadStats:
         host tier full of idle, readable chunks reads 0.0: see occupancy_perc.
       tiers: one `TierStats` per secondary tier, in configuration order (empty
         without tiers).
+      host_copied_stored, host_copied_loaded: KV bytes the host pool copied with the
+        CPU, into its rows (stores) and out of them (loads): 0 on the pinned paths of
+        an accelerator, each byte once on the others (docs/kernels.md, "Data path").
     """
 
     lookups: int = 0
@@ -161,6 +164,8 @@ class OffloadStats:
     occupancy_perc: float = 0.0
     cpu_cache_usage_perc: float = 0.0
     tiers: tuple[TierStats, ...] = ()
+    host_copied_stored: int = 0
+    host_copied_loaded: int = 0
 
     @property
     def hit_rate(self) -> float:
@@ -224,7 +229,9 @@ class TransferTally:
         return TransferTotals(*store), TransferTotals(*load)
 
 
-def store_side(store: Any, hit_tokens: int | None, tiers: Sequence[TierStats] = ()) -> dict:
+def store_side(
+    store: Any, hit_tokens: int | None, tiers: Sequence[TierStats] = ()
+) -> dict[str, Any]:
     """The `OffloadStats` fields a `HostStore` answers, read without draining it.
 
     `store.counters()` copies the cumulative counters; the gauges come from the

@@ -25,19 +25,32 @@ from .blocks.errors import LayoutMismatchError as LayoutMismatchError
 from .blocks.errors import PallasKernelsError as PallasKernelsError
 from .blocks.errors import StagingMismatchError as StagingMismatchError
 from .blocks.errors import UnsupportedDtypeError as UnsupportedDtypeError
+from .blocks.layout import LAYOUT_NAMES as LAYOUT_NAMES
 from .blocks.layout import KVLayout as KVLayout
 from .blocks.layout import KVStacking as KVStacking
 from .blocks.layout import PageFormat as PageFormat
+from .blocks.layout import named_layout as named_layout
 from .blocks.mesh import staging_sharding as staging_sharding
 from .blocks.mosaic_gpu import MosaicGpuConfig as MosaicGpuConfig
 from .blocks.reference import gather_blocks_reference as gather_blocks_reference
 from .blocks.reference import scatter_blocks_reference as scatter_blocks_reference
+from .blocks.rpa import check_rpa_geometry as check_rpa_geometry
+from .blocks.rpa import rpa_cache_shape as rpa_cache_shape
+from .blocks.rpa import rpa_canonical as rpa_canonical
+from .blocks.rpa import rpa_merge_canonical as rpa_merge_canonical
+from .blocks.rpa import rpa_needs_merge as rpa_needs_merge
+from .blocks.rpa import rpa_pack as rpa_pack
+from .blocks.rpa import rpa_packing as rpa_packing
+from .blocks.rpa import rpa_shards as rpa_shards
+from .blocks.rpa import rpa_slots_per_shard as rpa_slots_per_shard
+from .blocks.rpa import rpa_unpack as rpa_unpack
 from .blocks.tpu import TpuConfig as TpuConfig
 from .blocks.triton import TritonConfig as TritonConfig
 from .blocks.xla import XlaConfig as XlaConfig
 
 __all__ = [
     "BACKENDS",
+    "LAYOUT_NAMES",
     "Backend",
     "BackendConfigError",
     "BackendUnavailableError",
@@ -61,10 +74,21 @@ __all__ = [
     "XlaConfig",
     "available_backends",
     "check_block_ids",
+    "check_rpa_geometry",
     "gather_blocks",
     "gather_blocks_reference",
     "get_backend",
     "list_backends",
+    "named_layout",
+    "rpa_cache_shape",
+    "rpa_canonical",
+    "rpa_merge_canonical",
+    "rpa_needs_merge",
+    "rpa_pack",
+    "rpa_packing",
+    "rpa_shards",
+    "rpa_slots_per_shard",
+    "rpa_unpack",
     "scatter_blocks",
     "scatter_blocks_reference",
     "staging_sharding",

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import importlib
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 
 def _try_import(name: str) -> tuple[ModuleType | None, str]:
@@ -25,9 +25,18 @@ def _try_import(name: str) -> tuple[ModuleType | None, str]:
         return None, f"{type(exc).__name__}: {exc}"
 
 
-pltpu, TPU_IMPORT_ERROR = _try_import("jax.experimental.pallas.tpu")
-pltriton, TRITON_IMPORT_ERROR = _try_import("jax.experimental.pallas.triton")
-plgpu, MOSAIC_GPU_IMPORT_ERROR = _try_import("jax.experimental.pallas.mosaic_gpu")
+if TYPE_CHECKING:  # typed as the modules: a backend uses its module only where it imported
+    import jax.experimental.pallas.mosaic_gpu as plgpu
+    import jax.experimental.pallas.tpu as pltpu
+    import jax.experimental.pallas.triton as pltriton
+
+    TPU_IMPORT_ERROR: str
+    TRITON_IMPORT_ERROR: str
+    MOSAIC_GPU_IMPORT_ERROR: str
+else:
+    pltpu, TPU_IMPORT_ERROR = _try_import("jax.experimental.pallas.tpu")
+    pltriton, TRITON_IMPORT_ERROR = _try_import("jax.experimental.pallas.triton")
+    plgpu, MOSAIC_GPU_IMPORT_ERROR = _try_import("jax.experimental.pallas.mosaic_gpu")
 
 
 def gpu_interpret_params_type() -> type | None:

@@ -43,6 +43,8 @@ REFUSED = [
     ("kernels", ["--max-gib", "nan"], "--max-gib: must be a finite number > 0, got nan"),
     ("kernels", ["--backends", "cuda"], "--backends: invalid choice: 'cuda'"),
     ("kernels", ["--repeats", "1.5"], "--repeats: must be an integer >= 1, got '1.5'"),
+    ("kernels_rpa", ["--heads", "0"], "--heads: must be an integer >= 1, got 0"),
+    ("kernels_rpa", ["--dtypes", "fp64"], "--dtypes: invalid choice: 'fp64'"),
     ("pools", ["--chunk-blocks", "0"], "--chunk-blocks: must be an integer >= 1, got 0"),
     ("pools", ["--blocks", "x"], "--blocks: must be an integer >= 1, got 'x'"),
     ("manager", ["--requests", "-5"], "--requests: must be an integer >= 1, got -5"),
@@ -51,6 +53,9 @@ REFUSED = [
     ("manager", ["--quick", "--full"], "not allowed with argument --quick"),
     ("tiers", ["--chunks", "0"], "--chunks: must be an integer >= 1, got 0"),
     ("tiers", ["--no-redis", "--clients"], "--clients: belongs to the Redis part"),
+    ("gpu_paths", ["--repeats", "0"], "--repeats: must be an integer >= 1, got 0"),
+    ("gpu_paths", ["--quick", "--cpu-dry-run"], "not allowed with argument --quick"),
+    ("gpu_paths", ["--paths", "cuda"], "--paths: invalid choice: 'cuda'"),
 ]
 
 
@@ -69,8 +74,10 @@ ACCEPTED = [
     ("canonical", ["--quick", "--tp", "1", "2", "--forms", "split-hnd", "--blocks", "32"]),
     ("mesh", ["--quick", "--devices", "1", "2", "--json", "--quiet"]),
     ("kernels", ["--quick", "--backends", "xla", "--max-gib", "0.5", "--out", "/tmp/x"]),
+    ("kernels_rpa", ["--quick", "--backends", "xla", "--dtypes", "fp8", "--json"]),
     ("manager", ["--quick", "--requests", "300", "--policies", "arc", "--json", "--quiet"]),
     ("tiers", ["--quick", "--no-disk", "--clients", "--json", "--quiet"]),
+    ("gpu_paths", ["--quick", "--paths", "torch", "--repeats", "3", "--out", "/tmp/x"]),
 ]
 
 
@@ -82,7 +89,8 @@ def test_sensible_arguments_parse(name, argv):
 
 def test_every_benchmark_script_of_ours_is_covered():
     """(tests/tiers/test_tiers_benchmark_args.py covers tiers in depth.)"""
-    ours = {"offload", "canonical", "mesh", "kernels", "pools", "manager", "tiers"}
+    ours = {"offload", "canonical", "mesh", "kernels", "kernels_rpa", "pools", "manager", "tiers"}
+    ours |= {"gpu_paths"}
     assert ours <= {p.stem for p in BENCHMARKS.glob("*.py")}
     assert {n for n, *_ in REFUSED} == ours
 

@@ -261,6 +261,12 @@ def _check_vllm_serve(where: str, args: list[str]) -> None:
         assert extra["spec_name"] in getattr(mod, "__all__", ()), (
             f"{where}: {module} does not export {extra['spec_name']}"
         )
+    connector = cfg.get("kv_connector_module_path", "")
+    if connector.startswith("jax_kvoffload"):  # ours (tpu-inference): imports without it
+        mod = importlib.import_module(connector)
+        assert cfg["kv_connector"] in getattr(mod, "__all__", ()), (
+            f"{where}: {connector} does not export {cfg['kv_connector']}"
+        )
 
 
 @pytest.mark.parametrize("block", SHELL_BLOCKS, ids=lambda b: b.where)

@@ -3,12 +3,16 @@
 - No package imports another package's private `_modules` (each package exports what
   others use, semi-public parts from its `internals` module).
 - `pallas_kernels` is standalone: it imports nothing of `jax_kvoffload`.
-- One-way layers: config and the helpers (`_log_once`, `_threads`) at the bottom;
+- One-way layers: config and the helpers (`_interrupts`, `_log_once`, `_threads`) at the bottom;
   errors and stats above config; store, tiers and hostmem above those and independent
   of each other; transfer above hostmem (it moves bytes into hostmem's pools) and
   independent of store and tiers; assembly above them; the offloader package above
-  assembly and below bridge, demo and CLI, which are on top.
-  A lower package never imports a higher one.
+  assembly and below bridge; demo and CLI on top (only they import the `jax_kvoffload`
+  facade's names, `from jax_kvoffload import KVOffloader`; the bridge never imports
+  them). A lower package never imports a higher one.
+- Interrupt safety in one place: only the public entry points and the job cores hold
+  SIGINT (`SIGNAL_HOLDERS` import `signal` or `deferred_interrupts`); the layers they
+  call are plain code.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # Helpers every package but config may import: they import nothing of ours (warning
 # once per kind of event; starting threads and saying when the process is out of them).
-HELPERS = {"_log_once", "_threads"}
+HELPERS = {"_interrupts", "_log_once", "_threads"}
 # package -> the jax_kvoffload packages (and pallas_kernels) it may import.
 LOWER = {
     "config": set(),
@@ -47,6 +51,25 @@ LOWER = {
         "pallas_kernels",
         *HELPERS,
     },
+}
+# The vLLM / torch / tpu-inference adapters: above the offloader, below demo and CLI.
+LOWER["bridge"] = {*LOWER["offloader"], "offloader"}
+# The demo: anything but the CLI, and the facade (`from jax_kvoffload import X`).
+LOWER["demo"] = {*LOWER["bridge"], "bridge", "jax_kvoffload"}
+# The modules of ours with subpackages or modules of these names; any other name in
+# `from jax_kvoffload import name` is one of the facade's re-exports.
+PACKAGES = {p.stem for p in (ROOT / "jax_kvoffload").iterdir() if p.suffix == ".py" or p.is_dir()}
+
+# The only modules that may hold SIGINT (docs/architecture.md, "Interrupts"): the helper,
+# KVOffloader's entry points, the tpu-inference connector's scheduler-side entry points
+# (its manager: called by their scheduler, it drives our store and tier path as
+# KVOffloader does), and the job cores of the worker engines and of the tiers.
+SIGNAL_HOLDERS = {
+    "jax_kvoffload/_interrupts.py",
+    "jax_kvoffload/bridge/tpu_inference/_manager.py",
+    "jax_kvoffload/offloader/_offloader.py",
+    "jax_kvoffload/transfer/_job_core.py",
+    "jax_kvoffload/tiers/_job_runner.py",
 }
 
 
@@ -94,7 +117,7 @@ def layer_breach(path: Path, module: str) -> str | None:
     if parts[0] == "pallas_kernels":
         target = "pallas_kernels"
     elif parts[0] == "jax_kvoffload" and len(parts) > 1:
-        target = parts[1]
+        target = parts[1] if parts[1] in PACKAGES else "jax_kvoffload"
     else:
         return None
     if target == pkg or target in LOWER[pkg]:
@@ -106,6 +129,20 @@ def standalone_breach(path: Path, module: str) -> str | None:
     return "pallas_kernels imports jax_kvoffload" if module.startswith("jax_kvoffload") else None
 
 
+def signal_breach(path: Path, module: str) -> str | None:
+    """A module outside `SIGNAL_HOLDERS` that holds or swaps SIGINT itself."""
+    parts = path.parts
+    rel = "/".join(parts[len(parts) - 1 - parts[::-1].index("jax_kvoffload") :])
+    if rel in SIGNAL_HOLDERS:
+        return None
+    if module in ("signal", "_signal") or module.endswith(".deferred_interrupts"):
+        return (
+            "holds SIGINT below the entry points: take the step in the caller's "
+            "deferred_interrupts block (the public entry point or the job core)"
+        )
+    return None
+
+
 LIBRARY = sorted((ROOT / "jax_kvoffload").rglob("*.py"))
 
 
@@ -115,8 +152,9 @@ LIBRARY = sorted((ROOT / "jax_kvoffload").rglob("*.py"))
         (LIBRARY, private_import),
         (LIBRARY, layer_breach),
         (sorted((ROOT / "pallas_kernels").rglob("*.py")), standalone_breach),
+        (LIBRARY, signal_breach),
     ],
-    ids=["no-private-imports", "one-way-layers", "pallas-kernels-standalone"],
+    ids=["no-private-imports", "one-way-layers", "pallas-kernels-standalone", "signals-at-entries"],
 )
 def test_import_rules(paths, rule):
     assert paths
@@ -185,3 +223,62 @@ def test_the_offloader_layer_sees_a_breach(tmp_path):
         path.write_text("from jax_kvoffload.offloader import KVOffloader\n")
         down.append(path)
     assert len(_violations(down, layer_breach)) == 4
+
+
+def test_the_offloader_sits_above_hostmem_and_below_the_bridge(tmp_path):
+    """hostmem importing the offloader is a breach; the bridge importing it is not, and
+    the bridge importing the demo, the CLI or the facade's names is (once each)."""
+    root = tmp_path / "jax_kvoffload"
+    down = root / "hostmem" / "_bad.py"
+    down.parent.mkdir(parents=True)
+    down.write_text("from jax_kvoffload.offloader import KVOffloader\n")
+    assert len(_violations([down], layer_breach)) == 1
+    bridge = root / "bridge" / "_x.py"
+    bridge.parent.mkdir(parents=True)
+    bridge.write_text("from jax_kvoffload.offloader import KVOffloader\n")
+    assert _violations([bridge], layer_breach) == []
+    bridge.write_text(
+        "from jax_kvoffload.demo import run\nfrom jax_kvoffload import cli\n"
+        "from jax_kvoffload import KVOffloader\n"
+    )
+    assert len(_violations([bridge], layer_breach)) == 3
+    demo = root / "demo" / "_x.py"
+    demo.parent.mkdir(parents=True)
+    demo.write_text(
+        "from jax_kvoffload import KVOffloader\nfrom jax_kvoffload.bridge import vllm\n"
+    )
+    assert _violations([demo], layer_breach) == []
+
+
+def test_pallas_kernels_standalone_sees_a_breach(tmp_path):
+    """A planted kernel module importing the library (a package, or a name of it) breaks
+    the standalone rule once per statement; one importing jax does not."""
+    bad = tmp_path / "pallas_kernels" / "blocks" / "_bad.py"
+    bad.parent.mkdir(parents=True)
+    bad.write_text(
+        "import jax\nfrom jax_kvoffload.config import OffloadingConfig\n"
+        "import jax_kvoffload.errors\n"
+    )
+    assert len(_violations([bad], standalone_breach)) == 2
+
+
+def test_holding_sigint_below_the_entry_points_is_a_breach(tmp_path):
+    """The job book importing `deferred_interrupts`, or a tier module importing `signal`,
+    is a breach each; the offloader's entry points and the job cores may."""
+    root = tmp_path / "jax_kvoffload"
+    book = root / "offloader" / "_job_book.py"
+    book.parent.mkdir(parents=True)
+    book.write_text("from jax_kvoffload._interrupts import deferred_interrupts\n")
+    tier = root / "tiers" / "_disk.py"
+    tier.parent.mkdir(parents=True)
+    tier.write_text("import signal\n")
+    assert len(_violations([book, tier], signal_breach)) == 2
+    allowed = []
+    for rel in SIGNAL_HOLDERS - {"jax_kvoffload/_interrupts.py"}:
+        path = tmp_path / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(
+            "import signal\nfrom jax_kvoffload._interrupts import deferred_interrupts\n"
+        )
+        allowed.append(path)
+    assert _violations(allowed, signal_breach) == []

@@ -111,7 +111,7 @@ def to_jax(tensor: Any) -> Any:
     check_tensor(tensor)
     item = tensor.element_size()
     wide = item == (16 if tensor.is_complex() else 8)
-    if wide and not jax.config.jax_enable_x64:
+    if wide and not jax.config.jax_enable_x64:  # type: ignore[attr-defined]
         raise NarrowingDTypeError(
             f"a {tensor.dtype} tensor cannot be viewed in JAX without losing bits: with "
             "jax_enable_x64 off, JAX narrows 64-bit values (int64 2**40 + 1 becomes 1). "

@@ -6,16 +6,24 @@ the tensor's storage (`_tensor_bytes`); every other device byte stays as it is, 
 host slot holds only the widest unpadded page of its tensor. `transfer_size` is vLLM's
 count (every ref's unpadded page; a canonical store: the bytes this rank wrote).
 
-Stores of accelerator tensors run our gather kernel over a zero-copy JAX view of each
-tensor's storage (a DLPack import of its block span as `[rows, unit]` bytes), copy the
-staging to host memory with `jax.device_put`, and write the chunk slots on the store
-thread. A CPU tensor already is host memory: its store copies the blocks straight from a
-numpy view into the slots (one copy instead of a gather plus a copy, and no compile per
-shape); `store_kernel=True` forces the kernel path there too (tests, benchmarks). Loads cannot use a
-donated JAX scatter (measured: a donated XLA scatter on a DLPack-imported buffer writes
-a new buffer, never the torch one), so a load reads the slots and writes them with one
-torch `index_copy_` per tensor into a strided view of vLLM's own tensor
-(docs/vllm.md, "Data path").
+Accelerator tensors take the copy-engine path (`_torch_dma`, `dma=True` forces it on
+CPU): the host slots are one allocation, page-locked once when CUDA is there
+(`cudaHostRegister`), a store gathers its blocks on the device and copies them D2H
+straight into their slots, one copy per contiguous run of slots, a load copies the runs
+H2D and scatters them with `index_copy_` into vLLM's own tensor; all on the lane's own
+stream, after an event of the caller's stream, and the job ends when its event
+completes (`_torch_streams`; on CPU a synchronous stand-in). No KV byte is copied by the
+CPU (`pool.host_copies`; tests/bridge/test_torch_host_copies.py).
+
+The other paths copy each byte once with the CPU (counted): a CPU tensor's store copies
+the blocks from a numpy view into the slots (`dma=False`, the default on CPU: no device
+staging to fill), its load reads the slots into a staging array for `index_copy_`;
+`store_kernel=True` gathers with our kernel over a zero-copy JAX view of the tensor's
+storage (a DLPack import of its block span as `[rows, unit]` bytes), `jax.device_put`s
+the staging to host memory and writes the slots on the store thread (tests,
+benchmarks). Loads cannot use a donated JAX scatter (measured: a donated XLA scatter on
+a DLPack-imported buffer writes a new buffer, never the torch one). docs/vllm.md,
+"Data path".
 
 Threads: `submit_*`, `get_finished`, `wait` and `shutdown` are called from one thread
 (vLLM's worker). Stores, regular loads and expedited loads each run on their own thread
@@ -27,19 +35,22 @@ timing, tally, the report-once bookkeeping) are the transfer engine's job core
 from __future__ import annotations
 
 import logging
+import mmap
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
 import pallas_kernels as pk
 from jax_kvoffload.bridge._job_plan import JobSpecError, TensorMove, int_ids, plan_job
 from jax_kvoffload.bridge._tensor_bytes import TensorBytes, UnitRows
+from jax_kvoffload.bridge._torch_dma import SlotDMA, page_lock, page_unlock
+from jax_kvoffload.bridge._torch_streams import copy_stream, submit_event
 from jax_kvoffload.config.internals import checked_arguments
 from jax_kvoffload.errors import KVOffloadStateError, KVOffloadTypeError
-from jax_kvoffload.hostmem import HostPool, build_host_pool
+from jax_kvoffload.hostmem import HostChunkPool, HostPool, build_host_pool
 from jax_kvoffload.stats import TransferTally, TransferTotals
 from jax_kvoffload.transfer import Direction, bucket_sizes
 from jax_kvoffload.transfer.internals import EngineJob, JobCore, JobError, bucket_for, to_host
@@ -75,6 +86,16 @@ def _sync_device(device: Any) -> None:
         import torch
 
         torch.accelerator.synchronize(device)
+
+
+def _slot_memory(num_chunks: int, widths: dict[int, int], bpc: int) -> np.ndarray:
+    """The host slots of the copy-engine path on CUDA: one anonymous mapping of exactly
+    the pool's bytes (zeroed, page-aligned), page-locked once by `page_lock`. Not
+    `torch.empty(..., pin_memory=True)`: torch's caching host allocator rounds a pinned
+    block up to the next power of two (pytorch/pytorch#150517: a 65 GiB pool would pin
+    128 GiB)."""
+    nbytes = HostChunkPool.nbytes_for(num_chunks, widths, bpc)
+    return np.frombuffer(mmap.mmap(-1, max(1, nbytes)), dtype=np.uint8)[:nbytes]
 
 
 def host_widths(group_refs: Sequence[Sequence[tuple[int, int]]]) -> dict[int, int]:
@@ -121,8 +142,14 @@ class TorchKVWorker:
       result_type: builds a result from `Finished`'s fields (vLLM's `TransferResult`).
       backend, max_bucket: passed to the gather kernel / its bucketing.
       max_staging_bytes: largest staging array per kernel call.
-      store_kernel: gather stores with our kernel (True), or copy CPU tensors' blocks
-        with numpy (False); None: the kernel for accelerator tensors only.
+      store_kernel: gather stores with our kernel (True; the host slots are then
+        written by the CPU), or copy CPU tensors' blocks with numpy (False); None: the
+        copy-engine path (`dma`) for accelerator tensors, numpy for CPU tensors.
+      dma: the copy-engine path in both directions (D2H straight into the pool's
+        slots and H2D straight from them, on the worker's own streams): None (default)
+        for accelerator tensors unless `store_kernel=True`; True forces it on CPU too
+        (tests count its host copies there). Needs a `HostChunkPool` (the private
+        pool or a shared region's; page-locked once when CUDA is available).
       pool: host pool to use instead of a private `HostChunkPool` (a shared region's, or
         a `CanonicalPoolView`); its `bytes_per_block[t]` must be `widths[t]`.
       on_shutdown: called once after `shutdown` has drained every job (e.g. to unmap a
@@ -147,6 +174,7 @@ class TorchKVWorker:
         max_bucket: int = 256,
         max_staging_bytes: int = 64 << 20,
         store_kernel: bool | None = None,
+        dma: bool | None = None,
         pool: HostPool | None = None,
         on_shutdown: Any = None,
         not_ready: Any = None,
@@ -185,8 +213,23 @@ class TorchKVWorker:
         for t, width in self.widths.items():
             self._geo[t].check_width(width, f"tensor {t}")
         self._result_type = result_type
+        devices = {self._geo[t].device for t in self.widths}
+        if dma is None:
+            dma = store_kernel is not True and any(d.type != "cpu" for d in devices)
+            dma = dma and (pool is None or isinstance(pool, HostChunkPool))
+        elif dma and store_kernel:
+            raise JobSpecError("dma=True stores without our kernel; drop store_kernel=True")
+        elif dma and pool is not None and not isinstance(pool, HostChunkPool):
+            raise JobSpecError(
+                f"dma=True copies straight into a HostChunkPool's slots; got a "
+                f"{type(pool).__name__} (use dma=None)"
+            )
+        pinned = bool(dma) and any(d.type == "cuda" for d in devices)
+        self._locked: list[int] = []  # addresses of a given pool we page-locked
+        buffer = None
         if pool is None:
-            pool, _ = build_host_pool(num_chunks, self.widths, self._bpc)
+            buffer = _slot_memory(num_chunks, self.widths, self._bpc) if pinned else None
+            pool, _ = build_host_pool(num_chunks, self.widths, self._bpc, buffer=buffer)
         elif not isinstance(pool, HostPool):
             raise KVOffloadTypeError(
                 f"pool must be a HostPool (HostChunkPool, CanonicalPoolView, ...), got "
@@ -203,12 +246,21 @@ class TorchKVWorker:
                 f"{self.widths} in {num_chunks} chunks of {self._bpc}"
             )
         self.pool = pool
+        self._dma = None
+        if dma:
+            assert isinstance(pool, HostChunkPool)
+            if pinned:  # page-locked once: the copy engine reads and writes it directly
+                self._locked = page_lock(pool)
+            self._dma = SlotDMA(self._geo, pool, pinned=pinned, max_staging_bytes=max_staging_bytes)
+        # One copy stream per lane and device (vLLM: one per handler).
+        self._streams = {lane: {d: copy_stream(d) for d in devices} for lane in _LANES}
         if store_kernel is False and any(self._geo[t].device.type != "cpu" for t in self.widths):
             raise JobSpecError("store_kernel=False needs CPU tensors; use None or True")
         self._units: dict[int, UnitRows] = {
             t: self._geo[t].unit_rows(ref_widths[t], f"tensor {t}")
             for t in self.widths
-            if store_kernel or (store_kernel is None and self._geo[t].device.type != "cpu")
+            if store_kernel
+            or (store_kernel is None and not dma and self._geo[t].device.type != "cpu")
         }
         self._kernel_kw = {"backend": backend}
         self._buckets = (max_bucket, max_staging_bytes)
@@ -229,8 +281,11 @@ class TorchKVWorker:
             for m in moves
         ]
         if moves and None not in written:  # vLLM counts what this rank writes (canonical)
-            size = sum(m.refs * w for m, w in zip(moves, written, strict=True))
+            size = sum(m.refs * w for m, w in zip(moves, cast("list[int]", written), strict=True))
         if self._refused(job_id, size, store=True):
+            return True
+        if self._dma is not None:
+            self._submit_copies(job_id, "store", moves, size)
             return True
         for device in {self._geo[m.tensor].device for m in moves}:
             _sync_device(device)
@@ -251,7 +306,10 @@ class TorchKVWorker:
         if self._refused(job_id, size, store=False):
             return True
         lane = "expedited" if expedited else "load"
-        self._core.submit(job_id, lane, lambda: self._run_load(moves), size)
+        if self._dma is not None:
+            self._submit_copies(job_id, lane, moves, size)
+        else:
+            self._core.submit(job_id, lane, lambda: self._run_load(moves), size)
         return True
 
     def get_finished(self) -> list[Any]:
@@ -282,6 +340,8 @@ class TorchKVWorker:
         self._core.close(complete=False)
         if not self._shut_down:
             self._shut_down = True
+            locked, self._locked = self._locked, []
+            page_unlock(locked)  # before on_shutdown unmaps the memory
             if self._on_shutdown is not None:
                 self._on_shutdown()
 
@@ -324,6 +384,22 @@ class TorchKVWorker:
                 seen.update(m.block_ids)
         return moves, size
 
+    def _submit_copies(self, job_id: int, lane: str, moves: list[TensorMove], size: int) -> None:
+        """Queues a job of the copy-engine path on `lane`. Per device of the job an event
+        is recorded on the caller's current stream now: the job's copies run after the
+        engine's work issued so far, and nothing here waits for the device."""
+        dma = self._dma
+        assert dma is not None
+        try:
+            devices = {self._geo[m.tensor].device for m in moves}
+            ready = {d: submit_event(d) for d in devices}
+        except Exception as exc:  # e.g. a CUDA error: the job fails, reported
+            self._core.fail(job_id, lane, exc, size)
+            return
+        streams = self._streams[lane]
+        run = dma.store if _LANES[lane] is Direction.STORE else dma.load
+        self._core.submit(job_id, lane, lambda: run(moves, streams, ready), size)
+
     def _refused(self, job_id: int, size: int, store: bool) -> bool:
         """Ends the job as a failure while `not_ready` gives a reason (logged)."""
         if self._not_ready is None:
@@ -354,7 +430,7 @@ class TorchKVWorker:
             staging = pk.gather_blocks(
                 [units.array], ids, layout=pk.KVLayout.raw(), **self._kernel_kw
             )
-            out.append((m, m.first_slot + start, n, to_host(staging, on_cpu)))
+            out.append((m, m.first_slot + start, n, to_host([staging], [on_cpu])[0]))
             start += n
         return out
 

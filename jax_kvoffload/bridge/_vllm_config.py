@@ -201,7 +201,7 @@ def convert_engine_config(vllm_config: Any) -> EngineConfig:
     return EngineConfig(
         model_config=ModelConfig(
             model=model.model,
-            dtype=_dtype_name(model.dtype),
+            dtype=_dtype_name(model.dtype),  # type: ignore[arg-type]  # a name: as_dtype
             total_num_kv_heads=model.get_total_num_kv_heads(),
             use_mla=model.use_mla,
             max_model_len=model.max_model_len,

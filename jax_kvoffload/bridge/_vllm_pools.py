@@ -19,11 +19,17 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from jax_kvoffload.config import CanonicalLayoutError, OffloadingConfig
 from jax_kvoffload.config.canonical import CanonicalPageMapping, CopyRun
-from jax_kvoffload.hostmem import HostPool, SharedHostRegion, SharedRows, build_host_pool
+from jax_kvoffload.hostmem import (
+    HostChunkPool,
+    HostPool,
+    SharedHostRegion,
+    SharedRows,
+    build_host_pool,
+)
 
 if TYPE_CHECKING:
     from jax_kvoffload.transfer import CanonicalPoolView
@@ -139,10 +145,14 @@ def canonical_worker_pool(
     num_chunks: int,
     blocks_per_chunk: int,
     widths: Mapping[int, int],
+    shared: SharedRows | None = None,
 ) -> tuple[CanonicalPoolView, SharedHostRegion | None]:
     """This rank's `CanonicalPoolView` and the shared region behind it (None with one
     worker process). `widths[t]` is the unpadded page of tensor t's refs (the bytes the
-    worker moves per block; vLLM's `mapping.local_page_size_bytes`)."""
+    worker moves per block; vLLM's `mapping.local_page_size_bytes`).
+
+    `shared`: the rows to build the pool over instead of the workers' own region (with
+    secondary tiers, the rows the scheduler's tiers read: `tiered_canonical_rows`)."""
     # Imported here: `jax_kvoffload.bridge.vllm` (loaded by vLLM's scheduler too) stays
     # free of JAX until a worker is built.
     from jax_kvoffload.transfer import CanonicalPoolView, TransferError, plan_for_group
@@ -165,7 +175,11 @@ def canonical_worker_pool(
             reason="mapping does not match the page",
         ) from e
     rows = {t: p.canonical_block_bytes for t, p in plans.items()}
-    pool, region = _pool(config, "", num_chunks, rows, blocks_per_chunk)
+    if shared is None:
+        pool, region = _pool(config, "", num_chunks, rows, blocks_per_chunk)
+    else:
+        _check_row(config, shared, blocks_per_chunk * sum(rows.values()))
+        pool, region = build_host_pool(num_chunks, rows, blocks_per_chunk, shared=shared)
     logger.info(
         "canonical host pages: rank %d of %d, %d tensors, %d canonical bytes per block, "
         "all layers portable: %s",
@@ -175,7 +189,21 @@ def canonical_worker_pool(
         sum(rows.values()),
         portable,
     )
-    return CanonicalPoolView(pool, plans), region
+    # `_pool` builds a numpy pool (a HostChunkPool), the only kind a view goes over.
+    return CanonicalPoolView(cast(HostChunkPool, pool), plans), region
+
+
+def _check_row(config: OffloadingConfig, shared: SharedRows, need: int) -> None:
+    """The canonical pages of a chunk fit the scheduler's row (sized by the config)."""
+    if shared.row_stride is not None and need > shared.row_stride:
+        raise CanonicalWorkerError(
+            f"a chunk's canonical pages take {need} bytes but a host row holds "
+            f"{shared.row_stride} (worker_kv_bytes_per_block="
+            f"{config.worker_kv_bytes_per_block} x world size x blocks per chunk): the KV "
+            f"cache description does not match the tensors. {_ADVICE}",
+            layer=None,
+            reason="canonical pages larger than a host row",
+        )
 
 
 def shared_direct_pool(

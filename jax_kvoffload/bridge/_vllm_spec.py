@@ -11,10 +11,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jax_kvoffload.bridge._vllm_pools import (
-    CanonicalWorkerError,
     canonical_worker_pool,
     group_missing,
     shared_direct_pool,
@@ -26,6 +25,9 @@ from jax_kvoffload.config import (
     OffloadingConfig,
     host_tier_config,
 )
+
+if TYPE_CHECKING:
+    from jax_kvoffload.hostmem import HostPool, SharedHostRegion
 
 __all__ = ["build_spec_classes", "our_offloading_config"]
 
@@ -80,7 +82,11 @@ def build_spec_classes() -> dict[str, type]:
         spec_stats,
         tokens_per_chunk,
     )
-    from jax_kvoffload.bridge._vllm_tiering import tiered_worker_pool, vllm_tier_dicts
+    from jax_kvoffload.bridge._vllm_tiering import (
+        tiered_canonical_rows,
+        tiered_worker_pool,
+        vllm_tier_dicts,
+    )
 
     def _tiering_extra(extra_config: dict[str, Any]) -> dict[str, Any] | None:
         """The extra config with `secondary_tiers` in vLLM's shape, or None without."""
@@ -116,13 +122,18 @@ def build_spec_classes() -> dict[str, type]:
                 [(r.tensor_idx, r.page_size_bytes) for r in group]
                 for group in kv_caches.group_data_refs
             ]
-            pool = region = None
-            sizes = {
+            pool: HostPool | None = None
+            region: SharedHostRegion | None = None
+            sizes: dict[str, Any] = {
                 "num_chunks": num_chunks,
                 "blocks_per_chunk": blocks_per_chunk,
                 "widths": host_widths(refs),
             }
-            if rows is not None and config is not None and num_chunks > 0:
+            if rows is not None and config is not None and config.canonical_layout:
+                # Canonical pages in the rows the scheduler's tiers read (whole rows).
+                shared = tiered_canonical_rows(config, rows["kv_bytes_per_chunk"])
+                pool, region = canonical_worker_pool(kv_caches, config, **sizes, shared=shared)
+            elif rows is not None and config is not None and num_chunks > 0:
                 # Secondary tiers: the rows the scheduler's tiers read (vLLM's layout).
                 pool, region = tiered_worker_pool(
                     config,
@@ -196,14 +207,6 @@ def build_spec_classes() -> dict[str, type]:
             )
             self.host_tier, self._manager_error = read_host_tier(self.extra_config)
             self.tiered = bool(self.host_tier.secondary_tiers)
-            if self.tiered and self.canonical_layout:
-                raise CanonicalWorkerError(
-                    "canonical_layout with secondary_tiers is not supported by "
-                    "JaxOffloadingSpec yet: use vLLM's TieringOffloadingSpec with our tiers "
-                    "(docs/tiers.md), or drop one of them",
-                    layer=None,
-                    reason="secondary tiers",
-                )
             capacity = host_capacity(
                 self.host_tier,
                 # vLLM sizes nothing without workers (world_size 0): no KV bytes then.

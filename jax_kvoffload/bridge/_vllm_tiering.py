@@ -29,7 +29,13 @@ from jax_kvoffload.bridge._vllm_pools import region_name
 from jax_kvoffload.config import ConfigFieldError, HostTierConfig, OffloadingConfig
 from jax_kvoffload.hostmem import SharedHostRegion, SharedRows, build_host_pool
 
-__all__ = ["build_primary_class", "build_tiering_manager", "tiered_worker_pool", "vllm_tier_dicts"]
+__all__ = [
+    "build_primary_class",
+    "build_tiering_manager",
+    "tiered_canonical_rows",
+    "tiered_worker_pool",
+    "vllm_tier_dicts",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -96,6 +102,14 @@ def tiered_worker_pool(
     return build_host_pool(num_chunks, widths, blocks_per_chunk, shared=shared)
 
 
+def tiered_canonical_rows(config: OffloadingConfig, kv_bytes_per_chunk: int) -> SharedRows:
+    """The rows the scheduler's tiers read, for a worker of canonical pages: every rank
+    maps the whole row (its canonical pages start at offset 0, as in vLLM's
+    `SharedOffloadRegion.create_next_canonical_view`; the ranks write disjoint bytes of
+    them), so a row holds one chunk's canonical pages, whatever the TP size."""
+    return _rows(config, kv_bytes_per_chunk, slot=config.parallel.rank)
+
+
 @functools.cache
 def build_primary_class() -> type:
     """`JaxPrimaryTier`: our manager with vLLM's primary-tier interface."""
@@ -103,7 +117,7 @@ def build_primary_class() -> type:
 
     from jax_kvoffload.bridge._vllm_manager import build_manager_class
 
-    class JaxPrimaryTier(build_manager_class()):
+    class JaxPrimaryTier(build_manager_class()):  # type: ignore[misc]  # a class made at run time
         """Our `HostStore` as the primary tier of vLLM's `TieringOffloadingManager`.
 
         `prepare_read` / `complete_read` pin and unpin chunks a tier reads (a cascade),
@@ -173,7 +187,7 @@ def build_tiering_manager(spec: Any, store: Any) -> Any:
             secondary_tiers=tiers,
             tier_poll_interval_s=host.tier_poll_interval_s,
         )
-    except BaseException:
+    except BaseException:  # on any exit: the tiers and the host tier are shut down
         for tier in reversed(tiers or []):
             with contextlib.suppress(Exception):
                 tier.shutdown()

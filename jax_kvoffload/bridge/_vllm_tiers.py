@@ -32,11 +32,12 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-from typing import Any
+from typing import Any, cast
 
 from jax_kvoffload._log_once import LogOnce
 from jax_kvoffload.config.internals import (
     TierKind,
+    TierOptions,
     tier_config_from_dict,
     tier_kind_for_vllm_class,
     tier_kinds,
@@ -125,8 +126,11 @@ def _manager_base() -> type:
             **options: Any,
         ) -> None:
             super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
-            config = tier_config_from_dict(
-                {"type": self._kind.name, **options}, f"secondary_tiers[type={tier_type!r}]"
+            config = cast(  # a kind of ours: its TierOptions subclass
+                TierOptions,
+                tier_config_from_dict(
+                    {"type": self._kind.name, **options}, f"secondary_tiers[type={tier_type!r}]"
+                ),
             )
             ours = our_offloading_config(offloading_spec.config)
             self._tier = open_tier(config, namespace_digest(ours), describe=namespace_fields(ours))
@@ -197,7 +201,7 @@ def _manager_base() -> type:
                     self._events.append(
                         OffloadingEvent(
                             keys=list(ok_keys),
-                            medium=self.medium,
+                            medium=self.medium,  # type: ignore[arg-type]  # set per kind
                             removed=False,
                             locality=self.locality,
                         )

@@ -44,6 +44,7 @@ from jax_kvoffload.config._errors import StateAlignmentError as StateAlignmentEr
 from jax_kvoffload.config._errors import TokensPerHashError as TokensPerHashError
 from jax_kvoffload.config._errors import WindowSpecError as WindowSpecError
 from jax_kvoffload.config._errors import ZeroChunkSizeError as ZeroChunkSizeError
+from jax_kvoffload.config._host_tier import CACHE_LAYOUTS as CACHE_LAYOUTS
 from jax_kvoffload.config._host_tier import HostTierConfig as HostTierConfig
 from jax_kvoffload.config._host_tier import host_tier_config as host_tier_config
 from jax_kvoffload.config._kv_cache import KVCacheConfig as KVCacheConfig
@@ -71,6 +72,7 @@ from jax_kvoffload.config._specs import SlidingWindowMLASpec as SlidingWindowMLA
 from jax_kvoffload.config._specs import SlidingWindowSpec as SlidingWindowSpec
 from jax_kvoffload.config._specs import UniformTypeKVCacheSpecs as UniformTypeKVCacheSpecs
 from jax_kvoffload.config._tier_disk import DiskTierConfig as DiskTierConfig
+from jax_kvoffload.config._tier_mooncake import MooncakeTierConfig as MooncakeTierConfig
 from jax_kvoffload.config._tier_options import VllmTierConfig as VllmTierConfig
 from jax_kvoffload.config._tier_redis import RedisTierConfig as RedisTierConfig
 from jax_kvoffload.config._tier_values import TierConfigError as TierConfigError
@@ -120,12 +122,14 @@ __all__ = [  # noqa: RUF022
     "KVQuantMode",
     # the host tier's extra-config keys, parsed once (docs/tiers.md)
     "host_tier_config",
+    "CACHE_LAYOUTS",
     "HostTierConfig",
     # secondary tiers (the `secondary_tiers` extra-config key, docs/tiers.md)
     "parse_secondary_tiers",
     "TierConfig",
     "DiskTierConfig",
     "RedisTierConfig",
+    "MooncakeTierConfig",
     "VllmTierConfig",
     "TierConfigError",
     # canonical pages by hand (docs/canonical.md)

@@ -71,11 +71,11 @@ def resolve_kv_cache_block_sizes(kv_cache_config: Any, engine_config: Any) -> tu
             block_sizes=tuple(sizes),
         )
     alignments = {
-        s.tokens_per_state
+        tokens_per_state
         for _, s in layer_specs
         if s.prefix_cacheable
-        and isinstance(getattr(s, "tokens_per_state", None), int)
-        and s.tokens_per_state > 1
+        and isinstance(tokens_per_state := getattr(s, "tokens_per_state", None), int)
+        and tokens_per_state > 1
     }
     partial_mamba = any(
         isinstance(s, MambaSpec)

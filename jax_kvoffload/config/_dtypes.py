@@ -108,7 +108,7 @@ def as_dtype(value: object, field: str = "dtype") -> np.dtype:
             ) from None
     if isinstance(value, type) or hasattr(value, "dtype"):
         try:
-            dtype = np.dtype(value)  # type: ignore[call-overload]
+            dtype = np.dtype(value)
         except TypeError:
             pass
         else:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -94,9 +94,9 @@ class ParallelConfig:
         v.int_fields(self, "world_size", minimum=1)
         if self.distributed_executor_backend is None:
             # vLLM: "mp" when the processes across DP are several, "uni" for one.
-            several = self.world_size * self.data_parallel_size > 1
+            several = cast(int, self.world_size) * self.data_parallel_size > 1
             object.__setattr__(self, "distributed_executor_backend", "mp" if several else "uni")
-        backend = self.distributed_executor_backend
+        backend = cast(str, self.distributed_executor_backend)
         # "class:<name>" stands for an Executor class passed to vLLM instead of a name.
         if backend not in EXECUTOR_BACKENDS and not backend.startswith("class:"):
             raise ConfigFieldError(
@@ -104,11 +104,11 @@ class ParallelConfig:
                 f"got {v.show(backend)}; use one of {EXECUTOR_BACKENDS} or 'class:<name>'",
             )
         v.int_fields(self, "rank", "data_parallel_index", minimum=0)
-        if self.rank >= self.world_size:
+        if self.rank >= cast(int, self.world_size):
             raise ConfigFieldError(
                 "rank",
                 f"{self.rank} is not in [0, world_size={self.world_size}); "
-                f"use 0..{self.world_size - 1}",
+                f"use 0..{cast(int, self.world_size) - 1}",
             )
         if self.data_parallel_index >= self.data_parallel_size:
             raise ConfigFieldError(

@@ -18,11 +18,21 @@ from jax_kvoffload.config._errors import ConfigFieldError, ConfigTypeError
 from jax_kvoffload.config._frozen import FrozenDict
 from jax_kvoffload.config._tiers import TierConfig, parse_secondary_tiers
 
-__all__ = ["HOST_POOLS", "HostTierConfig", "host_tier_config"]
+__all__ = ["CACHE_LAYOUTS", "HOST_POOLS", "HostTierConfig", "host_tier_config"]
 
 #: Host pool implementations: "numpy" (rows allocated once; a host copy per store) or
 #: "pinned" (the host arrays `jax.device_put` returns are the rows; JAX engines only).
-HOST_POOLS = ("numpy", "pinned")
+HOST_POOLS = ("auto", "numpy", "pinned")
+
+#: Names of the device cache layouts a JAX engine may declare with the `cache_layout`
+#: key (`pallas_kernels.LAYOUT_NAMES`; config imports nothing of ours, a test keeps the
+#: two equal): "rpa" is the ragged-paged-attention v3 cache of tpu-inference,
+#: sglang-jax and EasyDeL, `[num_blocks, block_size, kv_rows, packing, head_dim]`.
+CACHE_LAYOUTS = (
+    "nhd", "nhd_separate", "nhd_first", "nhd_second",
+    "hnd", "hnd_separate", "hnd_first", "hnd_second",
+    "mla", "raw", "rpa",
+)  # fmt: skip
 
 # vLLM's default pause between tier-poll rounds (`tiering/manager.py`).
 DEFAULT_TIER_POLL_INTERVAL_S = 0.001
@@ -46,7 +56,10 @@ class HostTierConfig:
       backpressure: vLLM's top-level default for each tier's backpressure detector
         (used where vLLM's tiering manager drives the tiers), verbatim.
       tier_poll_interval_s: vLLM's pause between tier-poll rounds (its manager's key).
-      host_pool: "numpy" or "pinned" (`HOST_POOLS`; ours, JAX engines).
+      host_pool: "auto" (the default: "pinned" for caches on an accelerator, "numpy"
+        on CPU), "numpy" or "pinned" (`HOST_POOLS`; ours, JAX engines).
+      cache_layout: the device caches' layout name (`CACHE_LAYOUTS`; ours, JAX engines),
+        None when absent: `KVOffloader` then takes `GroupCaches` that name it.
     """
 
     cpu_bytes_to_use: int | None = None
@@ -57,7 +70,8 @@ class HostTierConfig:
     secondary_tiers: tuple[TierConfig, ...] = ()
     backpressure: FrozenDict | None = None
     tier_poll_interval_s: float = DEFAULT_TIER_POLL_INTERVAL_S
-    host_pool: str = "numpy"
+    host_pool: str = "auto"
+    cache_layout: str | None = None
 
     #: Keys vLLM reads only when it builds the manager (`get_manager`), so their errors
     #: surface there too (`JaxOffloadingSpec` defers them).
@@ -153,7 +167,7 @@ def host_tier_config(
         ) from None
     if math.isnan(kw["tier_poll_interval_s"]):
         raise ConfigFieldError(_KEY.format("tier_poll_interval_s"), "must not be NaN")
-    pool = host_pool if host_pool is not None else get("host_pool", "numpy")
+    pool = host_pool if host_pool is not None else get("host_pool", "auto")
     if not isinstance(pool, str):  # (an array's `in` would raise numpy's own error)
         raise ConfigTypeError(
             _KEY.format("host_pool"),
@@ -165,4 +179,12 @@ def host_tier_config(
             _KEY.format("host_pool"), f"{pool!r} is not a host pool; use one of {HOST_POOLS}"
         )
     kw["host_pool"] = pool
+    layout = get("cache_layout")
+    if layout is not None and (not isinstance(layout, str) or layout.lower() not in CACHE_LAYOUTS):
+        raise ConfigFieldError(
+            _KEY.format("cache_layout"),
+            f"{layout!r} is not a cache layout; use one of {CACHE_LAYOUTS} (e.g. 'rpa' for "
+            "ragged-paged-attention v3 caches)",
+        )
+    kw["cache_layout"] = None if layout is None else layout.lower()
     return HostTierConfig(**kw)

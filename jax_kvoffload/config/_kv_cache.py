@@ -9,6 +9,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from jax_kvoffload.config import _validate as v
 from jax_kvoffload.config._errors import ConfigFieldError, ConfigTypeError
@@ -35,7 +36,7 @@ def layout_name(value: object, field: str = "kv_cache_layout") -> str | None:
     return v.check_optional_str(field, value)
 
 
-def _items(field: str, value: object, cls: type) -> tuple:
+def _items(field: str, value: object, cls: type) -> tuple[Any, ...]:
     if isinstance(value, (str, set, frozenset, Mapping)) or not isinstance(value, Iterable):
         raise ConfigTypeError(
             field,

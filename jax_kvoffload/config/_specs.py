@@ -13,7 +13,7 @@ import enum
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -102,14 +102,14 @@ def _quant_mode(value: object) -> KVQuantMode:
     if not v.is_int(value):
         raise ConfigTypeError("kv_quant_mode", f"must be a KVQuantMode, got {type(value).__name__}")
     try:
-        return KVQuantMode(int(value))  # type: ignore[call-overload]
+        return KVQuantMode(int(value))
     except ValueError:
         raise ConfigFieldError(
             "kv_quant_mode", f"{v.show(value)} is no KVQuantMode; use e.g. KVQuantMode.NONE"
         ) from None
 
 
-def _sequence(field: str, value: object) -> tuple:
+def _sequence(field: str, value: object) -> tuple[Any, ...]:
     if isinstance(value, (str, set, frozenset, Mapping)) or not isinstance(value, Iterable):
         raise ConfigTypeError(field, f"must be a tuple, got {type(value).__name__}")
     return tuple(value)
@@ -143,7 +143,10 @@ class _PaddedPage:
     """`page_size_bytes` of a spec with `page_size_padded` over its `real_page_size_bytes`."""
 
     page_size_padded: int | None
-    real_page_size_bytes: int
+    if TYPE_CHECKING:
+
+        @property
+        def real_page_size_bytes(self) -> int: ...
 
     @property
     def page_size_bytes(self) -> int:
@@ -199,7 +202,7 @@ class AttentionSpec(_PaddedPage, KVCacheSpec):
     def state_content_size_bytes(self) -> int:
         if self.state_content_bytes is not None:
             return self.state_content_bytes
-        return (self.head_size + self.head_size_v) * self.dtype.itemsize
+        return (self.head_size + cast(int, self.head_size_v)) * self.dtype.itemsize
 
     @property
     def real_page_size_bytes(self) -> int:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from jax_kvoffload.config._errors import ConfigFieldError, ConfigTypeError
 from jax_kvoffload.config._tier_disk import DiskTierConfig
+from jax_kvoffload.config._tier_mooncake import MooncakeTierConfig
 from jax_kvoffload.config._tier_options import TierOptions
 from jax_kvoffload.config._tier_redis import RedisTierConfig
 
@@ -98,6 +99,12 @@ class TierKind:
 TIER_KINDS = (
     TierKind("disk", DiskTierConfig, "jax_kvoffload.tiers._disk:DiskTier", "JaxDiskTier"),
     TierKind("redis", RedisTierConfig, "jax_kvoffload.tiers._redis:RedisTier", "JaxRedisTier"),
+    TierKind(
+        "mooncake",
+        MooncakeTierConfig,
+        "jax_kvoffload.tiers._mooncake:MooncakeTier",
+        "JaxMooncakeTier",
+    ),
 )
 
 _kinds: dict[str, TierKind] = {}

@@ -138,7 +138,9 @@ def check_path(where: str, key: str, value: Any) -> str:
     return value
 
 
-def check_common(where: str, locality: Any, backpressure: Any, events: Any) -> tuple:
+def check_common(
+    where: str, locality: Any, backpressure: Any, events: Any
+) -> tuple[str | None, FrozenDict | None, bool]:
     """`(locality, backpressure, enable_kv_events)`, checked and normalised."""
     if locality is not None:
         if not isinstance(locality, str) or locality.upper() not in ("LOCAL", "REMOTE"):

@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 from jax_kvoffload.config._frozen import FrozenDict
 from jax_kvoffload.config._tier_kinds import (
@@ -89,7 +89,7 @@ def tier_config_from_dict(entry: Any, where: str = "secondary_tiers[0]") -> Tier
     if module_path is not None and not isinstance(module_path, str):
         raise TierConfigError(where, "module_path", module_path, "must be a module path string")
     kind = tier_kind_for_vllm_class(tier_type) if module_path else None
-    if kind is not None and module_path.startswith("jax_kvoffload."):
+    if kind is not None and cast(str, module_path).startswith("jax_kvoffload."):
         return _build(where, kind.config, raw)
     kind = tier_kind(tier_type)
     if kind is not None:

@@ -127,7 +127,8 @@ def group_kv_bytes_per_block(group: Any) -> int:
     spec = group.kv_cache_spec
     if isinstance(spec, UniformTypeKVCacheSpecs):
         return spec.page_size_bytes
-    return spec.page_size_bytes * len(group.layer_names)
+    size: int = spec.page_size_bytes * len(group.layer_names)
+    return size
 
 
 def _parse_int(extra: Mapping[str, Any], key: str) -> int:
@@ -220,7 +221,8 @@ def _worker_kv_bytes_per_block(kv_cache_config: Any, selected: list[tuple[int, A
     ):
         # Every tensor describes placement inside one backing allocation: the first
         # tensor's size is the whole of it (non-offloaded groups and padding included).
-        return kv_cache_config.kv_cache_tensors[0].size // kv_cache_config.num_blocks
+        whole: int = kv_cache_config.kv_cache_tensors[0].size // kv_cache_config.num_blocks
+        return whole
     if kv_cache_config.num_blocks > 0:
         return sum(group_kv_bytes_per_block(group) for _, group in selected)
     return 0

@@ -12,7 +12,7 @@ import dataclasses
 import numbers
 from collections.abc import Iterable
 from fractions import Fraction
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 
@@ -38,7 +38,7 @@ def _typed(value: object) -> str:
     return f"{type(value).__name__} {show(value)}"
 
 
-def is_int(value: object) -> bool:
+def is_int(value: object) -> TypeGuard[numbers.Integral]:
     """Python and numpy integers; never bools (True is not a size)."""
     return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
 
@@ -50,7 +50,7 @@ def check_int(
     `bounded`: within int64 (the boundary's fields, vLLM's results, are not bounded)."""
     if not is_int(value):
         raise ConfigTypeError(field, f"must be an int, got {_typed(value)}")
-    value = int(value)  # type: ignore[arg-type]
+    value = int(value)
     if minimum is not None and value < minimum:
         raise ConfigFieldError(
             field, f"must be >= {minimum}, got {show(value)}; use {minimum} or more"
@@ -92,7 +92,7 @@ def check_ratio(field: str, value: object) -> int | Fraction:
         return value
     if not is_int(value):
         raise ConfigTypeError(field, f"must be an int or a fractions.Fraction, got {_typed(value)}")
-    return int(value)  # type: ignore[arg-type]
+    return int(value)
 
 
 def check_names(field: str, value: object) -> tuple[str, ...]:
@@ -152,7 +152,7 @@ def from_trusted_fields(cls: type, /, **values: Any) -> Any:
     post-init would derive (`head_size_v`, an MLA `page_size_padded`, a wrapper's
     `dcp_sharded`) must be given as vLLM derived them.
     """
-    obj = object.__new__(cls)
+    obj: Any = object.__new__(cls)
     for f in dataclasses.fields(cls):
         if f.name in values:
             value = values.pop(f.name)

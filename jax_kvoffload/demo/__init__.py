@@ -21,6 +21,8 @@ _WHERE = {
     "Progress": "_config",
     "ScenarioConfig": "_config",
     "check_tiers": "_config",
+    "check_mesh_sizes": "_config",
+    "parse_mesh_sizes": "_config",
     "tier_entry": "_config",
     "StreamProgress": "_report",
     "format_summary": "_report",

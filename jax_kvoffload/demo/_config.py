@@ -21,13 +21,18 @@ __all__ = [
     "Progress",
     "ScenarioConfig",
     "check_kernel_backend",
+    "check_mesh_sizes",
     "check_tiers",
+    "parse_mesh_sizes",
     "tier_entry",
 ]
 
 Progress = Callable[[str, int, int], None]
 """`progress(step_name, done, total)`: `done=0` as a step starts (long steps), then after
 each unit of work (a model step of a prefill, a role's process)."""
+
+#: The demo model's cache layouts (`DemoModelConfig.cache_layout`, `--layout`).
+CACHE_LAYOUTS = ("nhd", "rpa")
 
 #: How long `check_tiers` waits for a Redis server to accept a connection.
 CONNECT_TIMEOUT_S = 2.0
@@ -57,9 +62,16 @@ class DemoModelConfig:
     rope: bool = True
     rope_theta: float = 10000.0
     seed: int = 0
+    #: "nhd": `[num_blocks, 2, block_size, kv_heads, head_dim]`; "rpa": tpu-inference's
+    #: ragged-paged-attention v3 cache (docs/tpu_inference.md, "The demo").
+    cache_layout: str = "nhd"
 
     def __post_init__(self) -> None:
         _positive(self, ("vocab_size", "num_layers", "num_heads", "num_kv_heads", "head_dim"))
+        if self.cache_layout not in CACHE_LAYOUTS:
+            raise DemoConfigError(
+                f"cache_layout={self.cache_layout!r}: use one of {CACHE_LAYOUTS} (--layout)"
+            )
         if self.ffn_dim < 1:
             raise DemoConfigError(f"ffn_dim={self.ffn_dim!r} must be a positive int")
         if self.num_heads % self.num_kv_heads:
@@ -88,11 +100,21 @@ class ScenarioConfig:
     blocks_per_chunk: int = 2
     kernel_backend: str = "auto"
     skip_load: bool = False
-    tiers: tuple[str, ...] = ()  # "disk:PATH" or "redis://HOST:PORT" (tier_entry)
+    tiers: tuple[str, ...] = ()  # "disk:PATH", "redis://...", "mooncake://..." (tier_entry)
+    # Two-process mode: the writer's and the reader's mesh sizes (canonical pages); None:
+    # both on one device, direct pages.
+    mesh_sizes: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         for spec in self.tiers:
             tier_entry(spec)  # refuses a bad one now, naming it
+        if self.mesh_sizes is not None:
+            check_mesh_sizes(self.mesh_sizes, self.model.num_kv_heads)
+            if self.model.cache_layout != "nhd":  # the sharded demo caches are NHD only
+                raise DemoConfigError(
+                    f"--mesh-sizes with --layout {self.model.cache_layout}: the demo shards "
+                    f"only NHD caches over a mesh; drop --layout or --mesh-sizes"
+                )
         _positive(self, ("block_size", "prompt_blocks", "suffix_tokens", "blocks_per_chunk"))
         if self.decode_tokens < 0:
             raise DemoConfigError(f"decode_tokens={self.decode_tokens} must be >= 0")
@@ -165,6 +187,38 @@ def _gib(n: int) -> str:
     return f"{n / 2**30:.3g} GiB"
 
 
+def check_mesh_sizes(sizes: object, kv_heads: int) -> None:
+    """`sizes` is (writer, reader), two positive device counts over which `kv_heads` KV
+    heads shard into whole heads (one divides the other)."""
+    if not (isinstance(sizes, tuple) and len(sizes) == 2) or any(
+        not isinstance(n, int) or isinstance(n, bool) or n < 1 for n in sizes
+    ):
+        raise DemoConfigError(
+            f"--mesh-sizes {sizes!r}: must be two positive device counts, the writer's and "
+            "the reader's, e.g. 2,4"
+        )
+    for n in sizes:
+        if n % kv_heads and kv_heads % n:
+            raise DemoConfigError(
+                f"--mesh-sizes: {n} devices cannot hold --kv-heads {kv_heads} as whole heads "
+                "(one must divide the other); pick sizes such as 1, 2, 4 for 2 or 4 KV heads"
+            )
+
+
+def parse_mesh_sizes(text: str) -> tuple[int, int]:
+    """`"2,4"` -> (2, 4); anything else raises `DemoConfigError`."""
+    parts = text.split(",")
+    try:
+        sizes = tuple(int(p) for p in parts)
+    except ValueError:
+        sizes = ()
+    if len(sizes) != 2:
+        raise DemoConfigError(
+            f"--mesh-sizes {text!r}: must be WRITER,READER device counts, e.g. 2,4"
+        )
+    return sizes  # type: ignore[return-value]
+
+
 def check_kernel_backend(name: object) -> None:
     """`name` is "auto" or a backend of the `pallas_kernels` registry that runs on this
     platform (jax's default device); anything else fails here, before the model is built,
@@ -176,7 +230,7 @@ def check_kernel_backend(name: object) -> None:
     import pallas_kernels as pk
 
     try:
-        record = pk.get_backend(name)
+        record = pk.get_backend(name)  # type: ignore[arg-type]  # not a str: TypeError
     except (TypeError, pk.BackendUnavailableError) as exc:
         raise DemoConfigError(f"kernel_backend={name!r}: {exc}") from None
     runs = ("auto", *pk.supported_backends())
@@ -190,16 +244,37 @@ def check_kernel_backend(name: object) -> None:
 
 def tier_entry(spec: str) -> dict:
     """A `secondary_tiers` entry from a `--tier` value: `disk:PATH` (a private directory,
-    created if missing, 1 GiB budget) or a `redis://` / `rediss://` / `unix://` URL."""
+    created if missing, 1 GiB budget), a `redis://` / `rediss://` / `unix://` URL: one
+    server, or any node of a Redis / Valkey Cluster (the tier finds the others; several
+    nodes of one cluster, comma-separated `redis://10.0.0.1:6379,10.0.0.2:6379`: the
+    first is the URL, the others its `seed_urls`, asked when it does not answer), or a
+    Mooncake Store's master `mooncake://HOST:PORT[?metadata=URL&local=HOST]` (metadata:
+    the master's HTTP metadata server at HOST:8080, mooncake_master's default port, unless
+    given; local: this process's address, 127.0.0.1 unless given)."""
     if not isinstance(spec, str):
         raise DemoConfigError(f"--tier {spec!r}: must be disk:PATH or redis://HOST:PORT")
     if spec.startswith("disk:") and len(spec) > 5:
         return {"type": "disk", "path": spec[5:], "capacity_bytes": "1GiB"}
-    if spec.split("://", 1)[0] in ("redis", "rediss", "unix") and "://" in spec:
-        return {"type": "redis", "url": spec}
+    scheme = spec.split("://", 1)[0]
+    if scheme in ("redis", "rediss", "unix") and "://" in spec:
+        if scheme == "unix" or "," not in spec:
+            return {"type": "redis", "url": spec}
+        first, *more = spec.split(",")
+        seeds = [m if "://" in m else f"{scheme}://{m}" for m in more]
+        return {"type": "redis", "url": first, "seed_urls": seeds}
+    if spec.startswith("mooncake://") and len(spec) > 11:
+        parts = urllib.parse.urlsplit(spec)
+        query = urllib.parse.parse_qs(parts.query)
+        host = parts.hostname or ""
+        return {
+            "type": "mooncake",
+            "master_server_address": parts.netloc,
+            "metadata_server": query.get("metadata", [f"http://{host}:8080/metadata"])[0],
+            "local_hostname": query.get("local", ["127.0.0.1"])[0],
+        }
     raise DemoConfigError(
-        f"--tier {_shown(spec)!r}: must be disk:PATH (a directory) or redis://HOST:PORT "
-        "(a running Redis or Valkey server)"
+        f"--tier {_shown(spec)!r}: must be disk:PATH (a directory), redis://HOST:PORT (a "
+        "running Redis or Valkey server) or mooncake://HOST:PORT (a Mooncake Store's master)"
     )
 
 
@@ -208,7 +283,7 @@ def check_tiers(specs: tuple[str, ...] | list[str]) -> None:
     options (the tier's own config), a disk tier's directory (made 0700 if missing,
     refused if others can reach it, as the tier will) and that a Redis server accepts a
     connection. Raises `DemoConfigError`, or the tier's `KVOffloadError`, naming it."""
-    from jax_kvoffload.config import DiskTierConfig, RedisTierConfig
+    from jax_kvoffload.config import DiskTierConfig, MooncakeTierConfig, RedisTierConfig
     from jax_kvoffload.tiers import DiskTier
 
     for spec in specs:
@@ -217,11 +292,30 @@ def check_tiers(specs: tuple[str, ...] | list[str]) -> None:
             DiskTier.check_path(
                 DiskTierConfig(**{k: v for k, v in entry.items() if k != "type"}).path
             )
+        elif entry["type"] == "mooncake":
+            cfg = MooncakeTierConfig(**{k: v for k, v in entry.items() if k != "type"})
+            host, port = cfg.master_address
+            _check_reachable(spec, {"scheme": "tcp", "host": host, "port": port}, "mooncake")
         else:
-            _check_reachable(spec, RedisTierConfig(url=entry["url"]).endpoint)
+            config = RedisTierConfig(**{k: v for k, v in entry.items() if k != "type"})
+            _check_any_reachable(spec, [config.url, *(config.seed_urls or ())])
 
 
-def _check_reachable(spec: str, endpoint: dict) -> None:
+def _check_any_reachable(spec: str, urls: list[str]) -> None:
+    """One of a cluster's nodes (a server: its one URL) accepts a connection."""
+    from jax_kvoffload.config import RedisTierConfig
+
+    failures = []
+    for url in urls:
+        try:
+            _check_reachable(spec, RedisTierConfig(url=url).endpoint)
+            return
+        except DemoConfigError as exc:
+            failures.append(exc)
+    raise failures[0]
+
+
+def _check_reachable(spec: str, endpoint: dict, kind: str = "redis") -> None:
     if endpoint["scheme"] == "unix":
         family, address, where = socket.AF_UNIX, endpoint["path"], endpoint["path"]
     else:
@@ -238,7 +332,9 @@ def _check_reachable(spec: str, endpoint: dict) -> None:
         why = "no answer" if isinstance(exc, TimeoutError) else (exc.strerror or str(exc))
         raise DemoConfigError(
             f"--tier {_shown(spec)}: cannot connect to {where} ({why} within "
-            f"{CONNECT_TIMEOUT_S:g} s); start a Redis or Valkey server there, or drop this --tier"
+            f"{CONNECT_TIMEOUT_S:g} s); start "
+            + ("mooncake_master" if kind == "mooncake" else "a Redis or Valkey server")
+            + " there, or drop this --tier"
         ) from None
 
 

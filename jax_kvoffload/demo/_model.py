@@ -2,8 +2,11 @@
 
 Random weights from a fixed seed; grouped-query attention; optional RoPE; float32
 compute. The KV cache is one array per layer, `[num_blocks, 2, block_size, kv_heads,
-head_dim]` (K and V stacked second, `pk.KVLayout.nhd(pk.KVStacking.SECOND)`), stored as
-uint32 words holding the float32 bits: XLA:CPU upcasts float scatters over the whole
+head_dim]` (K and V stacked second, `pk.KVLayout.nhd(pk.KVStacking.SECOND)`), or with
+`cache_layout="rpa"` tpu-inference's ragged-paged-attention v3 cache `[num_blocks,
+block_size, 2 * kv_heads, 1, align(head_dim, 128)]` (K of head h in slot 2h, V in
+2h + 1, head_dim zero-padded: `pk.KVLayout.rpa()`), stored as uint32 words holding the
+float32 bits: XLA:CPU upcasts float scatters over the whole
 operand, integer ones it does in place (docs/kernels.md), and the offloader moves words.
 
 `forward` processes `T` tokens of one sequence at positions `start .. start+T-1`:
@@ -68,10 +71,11 @@ class Block(nnx.Module):
         length: jax.Array,
         block_table: jax.Array,
     ) -> tuple[jax.Array, jax.Array]:
-        """x `[T, d]`, cache `[num_blocks, 2, bs, kv_heads, hd]` uint32 -> (x, cache)."""
+        """x `[T, d]`, cache (uint32, `cfg.cache_layout`) -> (x, cache)."""
         cfg = self.cfg
         t, kvh, hd = x.shape[0], cfg.num_kv_heads, cfg.head_dim
-        bs = cache.shape[2]
+        rpa = cfg.cache_layout == "rpa"
+        bs = cache.shape[1] if rpa else cache.shape[2]
         h = self.attn_norm(x)
         q = self.wq(h).reshape(t, cfg.num_heads, hd)
         k = self.wk(h).reshape(t, kvh, hd)
@@ -83,18 +87,26 @@ class Block(nnx.Module):
         # Write this call's K/V into their slots: an integer scatter, in place under donation.
         blocks = block_table[positions // bs]
         slots = positions % bs
-        cache = cache.at[blocks, 0, slots].set(_words(k))
-        cache = cache.at[blocks, 1, slots].set(_words(v))
+        if rpa:  # slot 2h: K of head h, 2h + 1: its V; lanes past hd stay zero
+            cache = cache.at[blocks, slots, 0::2, 0, :hd].set(_words(k))
+            cache = cache.at[blocks, slots, 1::2, 0, :hd].set(_words(v))
+        else:
+            cache = cache.at[blocks, 0, slots].set(_words(k))
+            cache = cache.at[blocks, 1, slots].set(_words(v))
 
         # Read the sequence's whole block table back, as floats, in logical order.
-        ctx = _floats(cache[block_table])  # [max_blocks, 2, bs, kvh, hd]
-        keys = ctx[:, 0].reshape(-1, kvh, hd)
+        ctx = _floats(cache[block_table])
+        if rpa:  # [max_blocks, bs, 2 * kvh, 1, D] -> K, V [max_blocks, bs, kvh, hd]
+            k_ctx, v_ctx = ctx[:, :, 0::2, 0, :hd], ctx[:, :, 1::2, 0, :hd]
+        else:  # [max_blocks, 2, bs, kvh, hd]
+            k_ctx, v_ctx = ctx[:, 0], ctx[:, 1]
+        keys = k_ctx.reshape(-1, kvh, hd)
         key_pos = jnp.arange(keys.shape[0], dtype=jnp.int32)
         # Slots past the sequence hold other requests' bits: zero them so they cannot
         # reach the output even as NaN (0 * NaN), whatever the block ids are.
         live = (key_pos < length)[:, None, None]
         keys = jnp.where(live, keys, 0.0)
-        values = jnp.where(live, ctx[:, 1].reshape(-1, kvh, hd), 0.0)
+        values = jnp.where(live, v_ctx.reshape(-1, kvh, hd), 0.0)
 
         group = cfg.num_heads // kvh
         qg = q.reshape(t, kvh, group, hd)

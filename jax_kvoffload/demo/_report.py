@@ -75,6 +75,7 @@ def format_summary(s: dict) -> str:
         ),
         (
             "KV cache",
+            f"{m.get('cache_layout', 'nhd').upper()} layout, "
             f"block {sc['block_size']} tokens = {_size(s['block_bytes'])}, "
             f"{sc['blocks_per_chunk']} blocks per chunk, host pool {s['host']['chunks']} "
             f"chunks ({_size(s['host']['bytes'])})",
@@ -200,8 +201,14 @@ def format_two_process(s: dict) -> str:
         f"  backend {s['backend']}; model {m['num_layers']} layers, {m['num_heads']} heads / "
         f"{m['num_kv_heads']} KV heads x {m['head_dim']}, seed {m['seed']}; prefix "
         f"{sc['prompt_blocks']} blocks of {sc['block_size']} tokens",
-        "",
     ]
+    if s.get("mesh_sizes"):
+        w, r = s["mesh_sizes"]
+        lines.append(
+            f"  writer on a mesh of {w} devices, reader on {r}: canonical pages carry the "
+            "prefix across tensor-parallel sizes"
+        )
+    lines.append("")
     head = ("tier", "writer", "reader hit", "serve prefix", "recompute", "ratio", "logits check")
     rows = []
     for run in s["runs"]:

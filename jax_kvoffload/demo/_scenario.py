@@ -22,7 +22,7 @@ import numpy as np
 from jax_kvoffload.demo._config import ScenarioConfig, tier_entry
 from jax_kvoffload.demo._model import DemoTransformer
 from jax_kvoffload.demo._serving import (
-    CACHE_LAYOUT,
+    CACHE_LAYOUTS,
     PagedServer,
     Progress,
     Request,
@@ -33,8 +33,12 @@ from jax_kvoffload.demo._verdict import TierLog, tier_verdict
 from jax_kvoffload.transfer import GroupCaches
 
 
-def build_offloader(cfg: ScenarioConfig, num_blocks: int):
-    """The `OffloadingConfig` of the demo engine and a `KVOffloader` over fresh caches."""
+def build_offloader(cfg: ScenarioConfig, num_blocks: int, mesh_size: int | None = None):
+    """The `OffloadingConfig` of the demo engine and a `KVOffloader` over fresh caches.
+
+    With `mesh_size`, the caches are global arrays sharded over that many devices (the
+    engine at TP=`mesh_size`) and the offloader stores canonical pages, which an engine
+    on a mesh of another size loads (`_mesh.py`)."""
     from jax_kvoffload import KVOffloader
     from jax_kvoffload.config import (
         CacheConfig,
@@ -44,27 +48,43 @@ def build_offloader(cfg: ScenarioConfig, num_blocks: int):
         KVCacheGroupSpec,
         KVTransferConfig,
         ModelConfig,
+        ParallelConfig,
         build_offloading_config,
     )
 
     m = cfg.model
-    caches = empty_caches(m.num_layers, num_blocks, cfg.block_size, m.num_kv_heads, m.head_dim)
-    group = GroupCaches(caches, CACHE_LAYOUT)
+    tp = mesh_size or 1
+    if mesh_size is None:
+        caches = empty_caches(
+            m.num_layers, num_blocks, cfg.block_size, m.num_kv_heads, m.head_dim, m.cache_layout
+        )
+    else:  # --mesh-sizes: NHD caches sharded over KV heads (the CLI refuses it with rpa)
+        from jax_kvoffload.demo._mesh import mesh_caches
+
+        caches = mesh_caches(
+            tp, m.num_layers, num_blocks, cfg.block_size, m.num_kv_heads, m.head_dim
+        )
+    group = GroupCaches(caches, CACHE_LAYOUTS[m.cache_layout])
     # Room for the warm-up's chunks and A's, twice over: nothing is evicted in the demo.
     budget = 4 * (cfg.prompt_blocks + cfg.blocks_per_chunk) * group.block_bytes
-    spec = FullAttentionSpec(
-        block_size=cfg.block_size, num_kv_heads=m.num_kv_heads, head_size=m.head_dim,
-        dtype="float32",
+    spec = FullAttentionSpec(  # vLLM's convention: one TP rank's KV heads
+        block_size=cfg.block_size, num_kv_heads=max(1, m.num_kv_heads // tp),
+        head_size=m.head_dim,
+        dtype="float32",  # type: ignore[arg-type]  # a name: as_dtype
     )  # fmt: skip
     engine = EngineConfig(
         model_config=ModelConfig(
-            model="jax-kvoffload-demo", dtype="float32", total_num_kv_heads=m.num_kv_heads
+            model="jax-kvoffload-demo",
+            dtype="float32",  # type: ignore[arg-type]  # a name: as_dtype
+            total_num_kv_heads=m.num_kv_heads,
         ),
         cache_config=CacheConfig(block_size=cfg.block_size),
+        parallel_config=ParallelConfig(tensor_parallel_size=tp),
         kv_transfer_config=KVTransferConfig(
             kv_connector_extra_config={
                 "cpu_bytes_to_use": budget,
                 "blocks_per_chunk": cfg.blocks_per_chunk,
+                **({"canonical_layout": True} if mesh_size is not None else {}),
                 **({"secondary_tiers": [tier_entry(t) for t in cfg.tiers]} if cfg.tiers else {}),
             },
             engine_id="demo",
@@ -77,7 +97,8 @@ def build_offloader(cfg: ScenarioConfig, num_blocks: int):
         kv_cache_groups=(KVCacheGroupSpec(layer_names=layers, kv_cache_spec=spec),),
     )
     config = build_offloading_config(engine, kv)
-    return KVOffloader(config, group, backend=cfg.kernel_backend)
+    heads = {} if mesh_size is None else {"total_kv_heads": m.num_kv_heads}
+    return KVOffloader(config, group, backend=cfg.kernel_backend, **heads)
 
 
 def _rate(nbytes: int, seconds: float) -> float:
@@ -113,7 +134,7 @@ def _run(cfg: ScenarioConfig, report: Progress, progress: Progress | None, log: 
     # C holds A's old blocks while B and R run: three sequences at once, plus slack.
     off = build_offloader(cfg, num_blocks=3 * per_seq + cfg.blocks_per_chunk)
     server = PagedServer(model, off, block_size=bs, max_blocks_per_seq=per_seq)
-    block_bytes = GroupCaches(off.caches(), CACHE_LAYOUT).block_bytes
+    block_bytes = GroupCaches(off.caches(), CACHE_LAYOUTS[cfg.model.cache_layout]).block_bytes
     report("build model", 1, 1)
     try:
         # 1. warm-up: one round trip of the same block count, then forget it.

@@ -25,6 +25,10 @@ logger = logging.getLogger(__name__)
 
 #: `[num_blocks, 2, block_size, kv_heads, head_dim]` per layer, K/V stacked second.
 CACHE_LAYOUT = pk.KVLayout.nhd(pk.KVStacking.SECOND)
+#: By `DemoModelConfig.cache_layout`: the NHD one above, or tpu-inference's RPA v3 cache
+#: `[num_blocks, block_size, 2 * kv_heads, 1, align(head_dim, 128)]` (uint32 words: one
+#: slot per row, K of head h in slot 2h, V in 2h + 1, head_dim zero-padded to 128).
+CACHE_LAYOUTS = {"nhd": CACHE_LAYOUT, "rpa": pk.KVLayout.rpa()}
 
 
 class OutOfBlocksError(RuntimeError):
@@ -46,14 +50,24 @@ def block_hashes(tokens: Sequence[int], block_size: int, *, seed: bytes = b"") -
 
 
 def empty_caches(
-    num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int
+    num_layers: int,
+    num_blocks: int,
+    block_size: int,
+    num_kv_heads: int,
+    head_dim: int,
+    layout: str = "nhd",
 ) -> list[jax.Array]:
-    """Zeroed per-layer caches `[num_blocks, 2, block_size, kv_heads, head_dim]` uint32.
+    """Zeroed per-layer caches in `layout` (`CACHE_LAYOUTS`), uint32: "nhd"
+    `[num_blocks, 2, block_size, kv_heads, head_dim]`, "rpa" tpu-inference's
+    `pk.rpa_cache_shape` for 32-bit words (packing 1).
 
     Committed to the default device: loads return committed arrays, and a jitted step
     or kernel seen first with uncommitted ones would compile a second time.
     """
-    shape = (num_blocks, 2, block_size, num_kv_heads, head_dim)
+    if layout == "rpa":
+        shape = pk.rpa_cache_shape(num_blocks, block_size, num_kv_heads, head_dim, jnp.uint32)
+    else:
+        shape = (num_blocks, 2, block_size, num_kv_heads, head_dim)
     device = jax.devices()[0]
     return [jax.device_put(jnp.zeros(shape, jnp.uint32), device) for _ in range(num_layers)]
 

@@ -27,6 +27,7 @@ import jax
 import numpy as np
 
 from jax_kvoffload.demo._config import ScenarioConfig
+from jax_kvoffload.demo._mesh import role_mesh_size
 from jax_kvoffload.demo._model import DemoTransformer
 from jax_kvoffload.demo._scenario import build_offloader
 from jax_kvoffload.demo._serving import PagedServer, Progress, Request, block_hashes
@@ -47,21 +48,31 @@ def _tokens(cfg: ScenarioConfig, stream: int, n: int) -> list[int]:
     return rng.integers(0, cfg.model.vocab_size, n).tolist()
 
 
-def _engine(cfg: ScenarioConfig, progress: Progress | None):
+def _engine(cfg: ScenarioConfig, progress: Progress | None, role: str):
     report = progress or (lambda *_: None)
     report("build engine", 0, 1)
     model = DemoTransformer(cfg.model)
     per_seq = cfg.max_blocks_per_seq
-    off = build_offloader(cfg, num_blocks=3 * per_seq + cfg.blocks_per_chunk)
+    mesh = role_mesh_size(cfg, role)
+    off = build_offloader(cfg, num_blocks=3 * per_seq + cfg.blocks_per_chunk, mesh_size=mesh)
     server = PagedServer(model, off, block_size=cfg.block_size, max_blocks_per_seq=per_seq)
     report("build engine", 1, 1)
     return off, server
 
 
+def _mesh_check(cfg: ScenarioConfig, role: str, devices: int) -> list[str]:
+    """Why the role's caches are not on the mesh asked for (empty when they are)."""
+    want = role_mesh_size(cfg, role) or 1
+    if devices == want:
+        return []
+    return [f"the {role}'s caches are on {devices} devices, not the {want} asked for"]
+
+
 def run_writer(cfg: ScenarioConfig, progress: Progress | None = None) -> dict:
     """The first process: A's prefix into the host store and, by cascade, the tier."""
     with TierLog() as log:
-        off, server = _engine(cfg, progress)
+        off, server = _engine(cfg, progress, "writer")
+        devices = len(off.caches()[0].sharding.device_set)
         bs = cfg.block_size
         try:
             a = Request("A", _prefix(cfg) + _tokens(cfg, 3, cfg.tail_tokens))
@@ -79,6 +90,7 @@ def run_writer(cfg: ScenarioConfig, progress: Progress | None = None) -> dict:
         checks = [tier_verdict(s, t, cfg.offloaded_chunks, log) for s, t in pairs]
     stored_ok = stored is not None and stored.success
     why = [c["why"] for c in checks if not c["passed"]]
+    why += _mesh_check(cfg, "writer", devices)
     if not stored_ok:
         why.insert(0, "A's store into the host tier failed")
     if not flushed:
@@ -86,6 +98,7 @@ def run_writer(cfg: ScenarioConfig, progress: Progress | None = None) -> dict:
     return {
         "role": "writer",
         "backend": jax.default_backend(),
+        "mesh_size": devices,
         "prefill_s": prefill_s,
         "stored_blocks": cfg.offloaded_blocks if stored_ok else 0,
         "flushed": flushed,
@@ -97,7 +110,8 @@ def run_writer(cfg: ScenarioConfig, progress: Progress | None = None) -> dict:
 
 def run_reader(cfg: ScenarioConfig, progress: Progress | None = None) -> dict:
     """The second process: B's prefix from the tier, checked against a recompute."""
-    off, server = _engine(cfg, progress)
+    off, server = _engine(cfg, progress, "reader")
+    devices = len(off.caches()[0].sharding.device_set)
     bs = cfg.block_size
     try:
         # Warm-up: compile the steps and both transfer directions (nothing timed).
@@ -118,7 +132,7 @@ def run_reader(cfg: ScenarioConfig, progress: Progress | None = None) -> dict:
         hit = off.lookup(b_hashes)  # blocks: the tier's chunks, promoted into the host
         server.reserve(b, len(b.tokens))
         loaded = None
-        if hit:
+        if hit and not cfg.skip_load:  # skip_load: the negative control, must fail
             (loaded,) = off.wait([off.load(b_hashes[:hit], b.block_ids[:hit])])
             jax.block_until_ready(off.caches())
         serve_s = time.perf_counter() - start
@@ -146,8 +160,9 @@ def run_reader(cfg: ScenarioConfig, progress: Progress | None = None) -> dict:
         for spec, t in zip(cfg.tiers, tiers, strict=True)
     ]
     why = [c["why"] for c in served if not c["passed"]]
+    why += _mesh_check(cfg, "reader", devices)
     for good, text in (
-        (loaded_ok or not hit, "the load of B's prefix failed"),
+        (loaded_ok or not hit or cfg.skip_load, "the load of B's prefix failed"),
         (logits_equal, "B's logits differ from a full recompute"),
         (decode_equal, "B decoded other tokens than R"),
     ):
@@ -156,6 +171,7 @@ def run_reader(cfg: ScenarioConfig, progress: Progress | None = None) -> dict:
     return {
         "role": "reader",
         "backend": jax.default_backend(),
+        "mesh_size": devices,
         "prefix_hit_blocks": hit,
         "prefix_hit_tokens": hit * bs,
         "serve_prefix_s": serve_s,

@@ -10,16 +10,18 @@ from __future__ import annotations
 
 import collections
 import json
+import os
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict
+from typing import Any
 
 from jax_kvoffload.demo._config import Progress, ScenarioConfig
 
-__all__ = ["ROLE_TIMEOUT_S", "role_argv", "run_two_process"]
+__all__ = ["ROLE_TIMEOUT_S", "role_argv", "role_env", "run_two_process"]
 
 ROLE_TIMEOUT_S = 600  # one role's process: importing jax, compiling and running the model
 
@@ -37,7 +39,24 @@ def role_argv(cfg: ScenarioConfig, role: str, tier: str, *, quiet: bool = True) 
         "--suffix-tokens", str(cfg.suffix_tokens), "--decode-tokens", str(cfg.decode_tokens),
         "--blocks-per-chunk", str(cfg.blocks_per_chunk), "--kernel-backend", cfg.kernel_backend,
     ]  # fmt: skip
+    if cfg.mesh_sizes is not None:
+        argv += ["--mesh-sizes", ",".join(map(str, cfg.mesh_sizes))]
+    if cfg.skip_load:  # the negative control reaches the reader
+        argv.append("--skip-load")
     return argv + ([] if m.rope else ["--no-rope"]) + (["--quiet"] if quiet else [])
+
+
+def role_env(cfg: ScenarioConfig, role: str) -> dict[str, str] | None:
+    """The environment of one role's process: with `mesh_sizes`, as many host (CPU)
+    devices as its mesh needs (XLA fixes the count when jax starts; on an accelerator
+    the mesh takes the first devices of the platform and the flag is unused)."""
+    if cfg.mesh_sizes is None:
+        return None
+    n = cfg.mesh_sizes[0 if role == "writer" else 1]
+    env = dict(os.environ)
+    flags = [f for f in env.get("XLA_FLAGS", "").split() if "host_platform_device_count" not in f]
+    env["XLA_FLAGS"] = " ".join([*flags, f"--xla_force_host_platform_device_count={n}"])
+    return env
 
 
 def _run_role(
@@ -46,14 +65,17 @@ def _run_role(
     """One role's process: its JSON report, or `{"passed": False, "error": why}`."""
     proc = subprocess.Popen(
         role_argv(cfg, role, tier, quiet=relay is None),
+        env=role_env(cfg, role),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
+    assert proc.stdout is not None and proc.stderr is not None  # both piped
+    err_pipe = proc.stderr
     tail: collections.deque[str] = collections.deque(maxlen=5)
 
     def read_stderr() -> None:
-        for line in proc.stderr:
+        for line in err_pipe:
             tail.append(line.rstrip("\n"))
             if relay is not None:
                 relay(f"    [{role}] {line.rstrip()}")
@@ -97,7 +119,7 @@ def run_two_process(
     """
     report = progress or (lambda *_: None)
     wall = time.perf_counter()
-    runs = []
+    runs: list[dict[str, Any]] = []
     for tier in cfg.tiers:
         step = f"writer {tier}"
         report(step, 0, 1)
@@ -117,6 +139,7 @@ def run_two_process(
         "backend": next((b for b in backends if b), "unknown"),
         "model": asdict(cfg.model),
         "scenario": {k: v for k, v in asdict(cfg).items() if k != "model"} | {"tiers": ()},
+        "mesh_sizes": list(cfg.mesh_sizes) if cfg.mesh_sizes else None,
         "runs": runs,
         "passed": bool(runs) and passed,
         "wall_s": time.perf_counter() - wall,

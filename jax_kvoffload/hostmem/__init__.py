@@ -13,6 +13,7 @@ imports only `config` and `errors`: no JAX. See docs/architecture.md.
 
 from jax_kvoffload.hostmem._build import SharedRows as SharedRows
 from jax_kvoffload.hostmem._build import build_host_pool as build_host_pool
+from jax_kvoffload.hostmem._copy_count import HostCopies as HostCopies
 from jax_kvoffload.hostmem._host_pool import HostChunkPool as HostChunkPool
 from jax_kvoffload.hostmem._pinned_pool import PinnedRowPool as PinnedRowPool
 from jax_kvoffload.hostmem._pool_base import HostPool as HostPool
@@ -30,6 +31,7 @@ __all__ = [
     "ChunkRowPool",
     "ForeignPeerError",
     "HostChunkPool",
+    "HostCopies",
     "HostPool",
     "HostPoolError",
     "PinnedRowPool",

@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+import numpy as np
+
 from jax_kvoffload.config.internals import HOST_POOLS
 from jax_kvoffload.errors import KVOffloadTypeError
 from jax_kvoffload.hostmem._host_pool import HostChunkPool
@@ -64,16 +66,23 @@ def build_host_pool(
     *,
     kind: str = "numpy",
     shared: SharedRows | None = None,
+    accelerator: bool = False,
+    buffer: np.ndarray | None = None,
 ) -> tuple[HostPool, SharedHostRegion | None]:
     """A host pool of `num_chunks` chunks of `blocks_per_chunk` blocks, `bytes_per_block[g]`
     bytes per block of group g, and the region it lives in (None: this process's memory).
 
     Args:
       kind: "numpy" (`HostChunkPool`: rows allocated once) or "pinned" (`PinnedRowPool`:
-        the host arrays of the stores are the rows); `HostTierConfig.host_pool`.
+        the host arrays of the stores are the rows), or "auto": "pinned" for caches on
+        an `accelerator` (its D2H copies land in their rows, loads read them as they
+        are: no host copy), else "numpy"; `HostTierConfig.host_pool`.
       shared: the rows live in a `SharedHostRegion` (opened here; close it when the pool
         is no longer used): a `HostChunkPool` over it, or with `shared.row_stride` a
         `ChunkRowPool`. Only "numpy" pools can be shared.
+
+      buffer: "numpy" rows over this memory of the caller's (1-D uint8, e.g. vLLM's
+        worker's pinned slots) instead of fresh memory; not with `shared`.
 
     If the pool cannot be built over the region, the region is closed again.
     """
@@ -83,10 +92,16 @@ def build_host_pool(
         )
     if kind not in HOST_POOLS:
         raise HostPoolError(f"kind={kind!r} is not a host pool; use one of {HOST_POOLS}")
+    if kind == "auto":
+        kind = "pinned" if accelerator and shared is None else "numpy"
     if shared is None:
         if kind == "pinned":
+            if buffer is not None:
+                raise HostPoolError("kind='pinned' makes its own rows; a buffer needs 'numpy'")
             return PinnedRowPool(num_chunks, bytes_per_block, blocks_per_chunk), None
-        return HostChunkPool(num_chunks, bytes_per_block, blocks_per_chunk), None
+        return HostChunkPool(num_chunks, bytes_per_block, blocks_per_chunk, buffer=buffer), None
+    if buffer is not None:
+        raise HostPoolError("buffer and shared both name the rows' memory; pass one")
     if kind != "numpy":
         raise HostPoolError(
             f"kind={kind!r} cannot be shared: its rows are the arrays of this process's "
@@ -108,7 +123,7 @@ def build_host_pool(
                 row_stride=shared.row_stride,
                 area_offset=shared.area_offset,
             )
-    except BaseException:
+    except BaseException:  # on any exit: the region (memfd, mapping) is closed
         region.close()
         raise
     return pool, region

@@ -104,11 +104,13 @@ class HostChunkPool(HostPool):
 
     def chunk_row(self, group: int, chunk: int) -> np.ndarray:
         """The row itself (a view)."""
-        return self.rows(group)[self._chunk(chunk)]
+        row: np.ndarray = self.rows(group)[self._chunk(chunk)]
+        return row
 
     def chunk_row_for_write(self, group: int, chunk: int) -> np.ndarray:
         """The row itself (a view): filling it stores the chunk."""
-        return self.rows(group)[self._chunk(chunk)]
+        row: np.ndarray = self.rows(group)[self._chunk(chunk)]
+        return row
 
     def _chunk(self, chunk: object) -> int:
         c = check_index("chunk", chunk)
@@ -121,7 +123,7 @@ class HostChunkPool(HostPool):
         rows = self.rows(group)
         return rows.reshape(self.num_chunks * self.blocks_per_chunk, self.bytes_per_block[group])
 
-    def _leading(self, group: int, name: str, rows: np.ndarray, n: int | None = None):
+    def _leading(self, group: int, name: str, rows: np.ndarray, n: int | None = None) -> np.ndarray:
         """The group's slots cut to the width of `rows` (`[n, w]` uint8, w <= the slot)."""
         flat = self.flat(group)
         width = rows.shape[1] if rows.ndim == 2 else -1
@@ -144,6 +146,7 @@ class HostChunkPool(HostPool):
         dst = self._leading(group, "data", data)
         slots = self.slots(chunk_ids, first, data.shape[0])
         copy_rows(dst, slots, data, np.arange(slots.size), 1)
+        self.host_copies.add(data.nbytes, store=True)
 
     def move_shards(
         self,
@@ -170,6 +173,7 @@ class HostChunkPool(HostPool):
                 copy_rows(place, slots, data, blocks, 1)
             else:
                 copy_rows(data, blocks, place, slots, 1)
+            self.host_copies.add(data.nbytes, store=store)
 
     def read_blocks(
         self, group: int, chunk_ids: list[int], first: int, n_blocks: int, out: np.ndarray
@@ -181,4 +185,5 @@ class HostChunkPool(HostPool):
         src = self._leading(group, "out", out, n_blocks)
         slots = self.slots(chunk_ids, first, n_blocks)
         copy_rows(out, np.arange(n_blocks), src, slots, 1)
+        self.host_copies.add(out.nbytes, store=False)
         return out

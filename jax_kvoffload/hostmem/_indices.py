@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Sequence
+from typing import SupportsIndex, cast
 
 import numpy as np
 
@@ -22,7 +23,8 @@ def check_index(name: str, value: object) -> int:
     if isinstance(value, (bool, np.bool_)):
         raise KVOffloadTypeError(f"{name}={value!r} must be an int, not a bool")
     try:
-        return operator.index(value)  # ints and numpy integers only: 2.0 is refused
+        # ints and numpy integers only: 2.0 is refused
+        return operator.index(cast(SupportsIndex, value))
     except TypeError:
         raise KVOffloadTypeError(
             f"{name} must be an int, got {type(value).__name__} {_short(value)}"

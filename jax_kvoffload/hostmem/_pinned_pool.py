@@ -2,10 +2,13 @@
 
 `HostChunkPool` pre-allocates numpy rows, so a store's device-to-host copy lands in a
 (pinned) staging array that numpy then copies into the row: one host memcpy per byte
-stored. `PinnedRowPool` keeps the staging array itself as the chunk's row, as
-tpu-inference keeps the `pinned_host` arrays of its KV swaps: `np.asarray` reads a host
-jax array in place (zero-copy, read-only; docs/architecture.md), so loads, tier
-cascades and `chunk_row` read those bytes without a copy either.
+stored, and a load copies the row once more into its staging. `PinnedRowPool` keeps the
+staging array itself as the chunk's row, as tpu-inference keeps the `pinned_host` arrays
+of its KV swaps, and hands that same array back to a load (`row_sources`), which copies
+it host-to-device straight from pinned memory: on the hot path no KV byte is copied by
+the CPU in either direction (`host_copies` stays 0; tests/transfer/test_host_copies.py).
+Tier cascades and `chunk_row` read the array through `np.asarray`, in place on CPU
+(zero-copy, read-only; docs/architecture.md), made once per row and only when asked.
 
 The price: memory is not reserved up front (XLA allocates each staging array; freed
 when the chunk's row is replaced), and a store is split into one staging array per whole
@@ -59,6 +62,10 @@ class PinnedRowPool(HostPool):
         self._rows: dict[int, list[np.ndarray | None]] = {
             g: [None] * num_chunks for g in self.bytes_per_block
         }
+        # Adopted host arrays (`adopt_blocks`), viewed as rows only when asked.
+        self._sources: dict[int, list[object | None]] = {
+            g: [None] * num_chunks for g in self.bytes_per_block
+        }
         self.adopted = 0  # chunks whose row is a caller's array (counters for tests)
         self.copied = 0  # chunk pieces copied into a row of their own
 
@@ -71,9 +78,11 @@ class PinnedRowPool(HostPool):
     def held_bytes(self) -> int:
         """Host memory the rows keep alive now (distinct arrays behind them)."""
         seen: dict[int, int] = {}
-        for rows in self._rows.values():
-            for row in rows:
-                if row is not None:
+        for g, rows in self._rows.items():
+            for row, source in zip(rows, self._sources[g], strict=True):
+                if source is not None:
+                    seen[id(source)] = int(getattr(source, "nbytes", 0))
+                elif row is not None:
                     base = row
                     while isinstance(base.base, np.ndarray):
                         base = base.base
@@ -84,6 +93,39 @@ class PinnedRowPool(HostPool):
         g = self._check_group(group)
         return g, self._rows[g]
 
+    def _row(self, g: int, chunk: int) -> np.ndarray | None:
+        """The chunk's row as `[bpc, bytes_per_block]` uint8 (None: never written); an
+        adopted source is viewed through `np.asarray` here, once."""
+        row = self._rows[g][chunk]
+        if row is None:
+            source = self._sources[g][chunk]
+            if source is not None:
+                row = np.asarray(source).reshape(self.blocks_per_chunk, -1).view(np.uint8)
+                self._rows[g][chunk] = row
+        return row
+
+    def adopt_blocks(
+        self, group: int, chunk_ids: list[int], first: int, data: np.ndarray | None, source: object
+    ) -> None:
+        """`write_blocks` of the bytes of `source`, a host array of a store's staging
+        (`[n, arrays, *page]`, read by `np.asarray` only when needed). A store of exactly
+        one whole chunk at full width keeps `source` itself as the row: no host copy,
+        and loads get it back from `row_sources`. `data` may be None then (it is read
+        from `source` only for the stores that copy)."""
+        g = self._check_group(group)
+        bpc = self.blocks_per_chunk
+        n = int(getattr(source, "shape", (0,))[0])
+        whole = n == bpc and first % bpc == 0
+        if whole and getattr(source, "nbytes", -1) == bpc * self.bytes_per_block[g]:
+            chunk = int(self.slots(chunk_ids, first, bpc)[0]) // bpc
+            self._sources[g][chunk] = source  # the caller's array is the row from now on
+            self._rows[g][chunk] = None  # viewed on demand (`_row`)
+            self.adopted += 1
+            return
+        if data is None:
+            data = np.asarray(source).reshape(n, -1).view(np.uint8)
+        self.write_blocks(g, chunk_ids, first, data)
+
     def write_blocks(self, group: int, chunk_ids: list[int], first: int, data: np.ndarray) -> None:
         g, rows = self._group_rows(group)
         width = self._check_rows(g, "data", data)
@@ -92,35 +134,58 @@ class PinnedRowPool(HostPool):
             piece = data[at : at + k1 - k0]
             if k0 == 0 and k1 == bpc and width == full and piece.flags.c_contiguous:
                 rows[chunk] = piece  # the caller's array is the row from now on
+                self._sources[g][chunk] = None
                 self.adopted += 1
                 continue
-            row = rows[chunk]
+            row = self._row(g, chunk)
             own = _aligned(bpc * full).reshape(bpc, full)
             if row is None:
                 own.fill(0)
             else:
                 own[...] = row  # keep the bytes this store does not cover
+                self.host_copies.add(own.nbytes, store=True)
             own[k0:k1, :width] = piece
+            self.host_copies.add(piece.nbytes, store=True)
             rows[chunk] = own
+            self._sources[g][chunk] = None
             self.copied += 1
 
     def read_blocks(
         self, group: int, chunk_ids: list[int], first: int, n_blocks: int, out: np.ndarray
     ) -> np.ndarray:
-        g, rows = self._group_rows(group)
+        g, _ = self._group_rows(group)
         width = self._check_rows(g, "out", out, n_blocks)
         for chunk, k0, k1, at in self._spans(chunk_ids, first, n_blocks):
-            row = rows[chunk]
+            row = self._row(g, chunk)
             if row is None:
                 out[at : at + k1 - k0] = 0
             else:
                 out[at : at + k1 - k0] = row[k0:k1, :width]
+        self.host_copies.add(out.nbytes, store=False)
+        return out
+
+    def row_sources(
+        self, group: int, chunk_ids: list[int], first: int, n_blocks: int
+    ) -> list[tuple[object, int, int]]:
+        """What a load copies to the device, without a host copy: `(row, k0, k1)` per
+        chunk touched, in slot order, the load wanting slots `[k0, k1)` of `row`.
+        `row` is the adopted source (a host jax array: `[bpc, arrays, *page]`) or the
+        chunk's own `[bpc, bytes_per_block]` uint8 row (zeros if never written)."""
+        g, _ = self._group_rows(group)
+        out: list[tuple[object, int, int]] = []
+        for chunk, k0, k1, _at in self._spans(chunk_ids, first, n_blocks):
+            source = self._sources[g][chunk]
+            if source is None:
+                source = self._row(g, chunk)
+            if source is None:
+                source = np.zeros((self.blocks_per_chunk, self.bytes_per_block[g]), np.uint8)
+            out.append((source, k0, k1))
         return out
 
     def chunk_row(self, group: int, chunk: int) -> np.ndarray:
         """The chunk's row as 1-D bytes: a view of the adopted array (no copy)."""
-        g, rows = self._group_rows(group)
-        row = rows[self._chunk(chunk)]
+        g, _ = self._group_rows(group)
+        row = self._row(g, self._chunk(chunk))
         if row is None:
             return np.zeros(self.row_bytes(g), dtype=np.uint8)
         return row.reshape(-1)
@@ -131,6 +196,7 @@ class PinnedRowPool(HostPool):
         c = self._chunk(chunk)
         own = _aligned(self.row_bytes(g))
         rows[c] = own.reshape(self.blocks_per_chunk, self.bytes_per_block[g])
+        self._sources[g][c] = None
         return own
 
     def _chunk(self, chunk: object) -> int:

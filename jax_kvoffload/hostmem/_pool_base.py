@@ -7,12 +7,13 @@ Every pool the transfer engine, vLLM's worker or the secondary tiers use impleme
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import ClassVar
 
 import numpy as np
 
 from jax_kvoffload.errors import KVOffloadTypeError, KVOffloadValueError
+from jax_kvoffload.hostmem._copy_count import HostCopies
 from jax_kvoffload.hostmem._indices import check_index, check_indices
 
 __all__ = ["HostPool", "HostPoolError"]
@@ -57,6 +58,10 @@ class HostPool(ABC):
     - **Shards.** Pools with `moves_shards` copy each shard of a sharded staging array
       straight between the shard and its place in the rows (`move_shards`); others get
       the assembled array through `write_blocks` / `read_blocks`.
+    - **Host copies.** `host_copies` counts the bytes the pool copies with the CPU, per
+      direction (`HostCopies`): `write_blocks`, `read_blocks` and `move_shards` of a pool
+      that copies count every byte they move; a pool whose rows the DMA writes and reads
+      (`PinnedRowPool`'s adopted rows, vLLM's pinned slots) counts none of them.
     """
 
     #: Copies shards of a sharded staging array in place (`move_shards`).
@@ -67,6 +72,7 @@ class HostPool(ABC):
     num_chunks: int
     blocks_per_chunk: int
     bytes_per_block: Mapping[int, int]
+    host_copies: HostCopies
 
     @property
     @abstractmethod
@@ -107,6 +113,20 @@ class HostPool(ABC):
         """Copies shards of a staging array between the shards and the rows (pools
         with `moves_shards` only)."""
         raise NotImplementedError(f"{type(self).__name__} does not move shards")
+
+    def adopt_blocks(
+        self, group: int, chunk_ids: list[int], first: int, data: np.ndarray | None, source: object
+    ) -> None:
+        """`write_blocks` of a store's host staging `source` that the pool may keep as
+        its rows (pools with `adopts_rows` only; `data`: its bytes, or None)."""
+        raise NotImplementedError(f"{type(self).__name__} does not adopt rows")
+
+    def row_sources(
+        self, group: int, chunk_ids: list[int], first: int, n_blocks: int
+    ) -> list[tuple[object, int, int]]:
+        """The rows a load copies to the device as they are, `(row, k0, k1)` per chunk
+        (pools with `adopts_rows` only)."""
+        raise NotImplementedError(f"{type(self).__name__} does not hand out its rows")
 
     def store_bytes(
         self, group: int, chunk_ids: list[int], first: int, n_blocks: int
@@ -159,8 +179,11 @@ class HostPool(ABC):
         self.num_chunks = num_chunks
         self.blocks_per_chunk = blocks_per_chunk
         self.bytes_per_block = widths
+        self.host_copies = HostCopies()
 
-    def _spans(self, chunk_ids: list[int], first: int, n: int):
+    def _spans(
+        self, chunk_ids: list[int], first: int, n: int
+    ) -> Iterator[tuple[int, int, int, int]]:
         """(chunk, first slot in it, end slot, first data row) per chunk touched.
 
         The whole range is checked (`slots`) before the first span is used: a negative

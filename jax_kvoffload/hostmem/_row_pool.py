@@ -79,6 +79,7 @@ class ChunkRowPool(HostPool):
         width, rows = self._check_rows(g, "data", data), self._rows[g]
         for chunk, k0, k1, at in self._spans(chunk_ids, first, data.shape[0]):
             rows[chunk, k0:k1, :width] = data[at : at + k1 - k0]
+        self.host_copies.add(data.nbytes, store=True)
 
     def read_blocks(
         self, group: int, chunk_ids: list[int], first: int, n_blocks: int, out: np.ndarray
@@ -87,12 +88,14 @@ class ChunkRowPool(HostPool):
         width, rows = self._check_rows(g, "out", out, n_blocks), self._rows[g]
         for chunk, k0, k1, at in self._spans(chunk_ids, first, n_blocks):
             out[at : at + k1 - k0] = rows[chunk, k0:k1, :width]
+        self.host_copies.add(out.nbytes, store=False)
         return out
 
     def chunk_row(self, group: int, chunk: int) -> np.ndarray:
         """The group's bytes of the chunk's row (a view; contiguous)."""
         g = self._check_group(group)
-        return self._rows[g][self._chunk(chunk)].reshape(-1)
+        row: np.ndarray = self._rows[g][self._chunk(chunk)].reshape(-1)
+        return row
 
     chunk_row_for_write = chunk_row
 

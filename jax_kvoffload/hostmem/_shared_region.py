@@ -28,6 +28,7 @@ import mmap
 import operator
 import os
 import time
+from typing import TYPE_CHECKING, SupportsIndex, cast
 
 import numpy as np
 
@@ -38,6 +39,9 @@ from jax_kvoffload.hostmem._shm_errors import (
     SharedRegionError,
     SharedRegionTimeoutError,
 )
+
+if TYPE_CHECKING:
+    import socket
 
 __all__ = [
     "HEADER_BYTES",
@@ -114,12 +118,14 @@ class SharedHostRegion:
         lock = _shm_rendezvous.acquire_lock(self._address("lock"), deadline, self._label)
         try:
             self._join(deadline, rank)
-        except BaseException:
+        except BaseException:  # on any exit: the descriptor, mapping and server go
             self._release()
             raise
         finally:
             lock.close()
-        self.array = np.frombuffer(self._mmap, dtype=np.uint8, offset=HEADER_BYTES, count=nbytes)
+        self.array = np.frombuffer(
+            cast(mmap.mmap, self._mmap), dtype=np.uint8, offset=HEADER_BYTES, count=nbytes
+        )
 
     def _address(self, role: str) -> bytes:
         return _shm_rendezvous.address(self.name, role)
@@ -141,7 +147,7 @@ class SharedHostRegion:
         try:
             self._mmap[_shm_memfd.SLOTS_OFFSET + self.slot] = 1
             self._server = _shm_rendezvous.FdServer(listener, fd, self._label)
-        except BaseException:
+        except BaseException:  # on any exit: the listening socket is closed
             listener.close()
             raise
         logger.info(
@@ -182,10 +188,10 @@ class SharedHostRegion:
                 )
             time.sleep(0.05)
 
-    def _claim_slot(self, rank: int | None) -> tuple[object, int]:
+    def _claim_slot(self, rank: int | None) -> tuple[socket.socket, int]:
         if rank is None:  # slots never marked first, so a reused one does not undercount
             start = _shm_memfd.SLOTS_OFFSET
-            marks = self._mmap[start : start + self.expected_attachments]
+            marks = cast(mmap.mmap, self._mmap)[start : start + self.expected_attachments]
             slots = sorted(range(self.expected_attachments), key=lambda s: marks[s] != 0)
         else:
             slots = [rank]
@@ -225,7 +231,8 @@ class SharedHostRegion:
         it is freed when no process holds it any more."""
         if self._mmap is None and self._fd < 0:
             return
-        self.array = None
+        # `array` is typed for the open region, the only state it may be read in.
+        self.array = None  # type: ignore[assignment]
         self._release()
 
     def _release(self) -> None:
@@ -267,8 +274,8 @@ def _check_arguments(
             f"name must be encodable as UTF-8 (no lone surrogates); got {name!r:.80}"
         ) from None
     try:
-        values = [operator.index(v) for v in (nbytes, expected)]
-        rank = None if rank is None else operator.index(rank)
+        values = [operator.index(cast(SupportsIndex, v)) for v in (nbytes, expected)]
+        rank = None if rank is None else operator.index(cast(SupportsIndex, rank))
     except TypeError:
         raise SharedRegionArgumentError(
             "nbytes, expected_attachments and rank must be integers; got "

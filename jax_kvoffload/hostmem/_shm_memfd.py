@@ -70,7 +70,7 @@ def create(nbytes: int, expected: int, memfd_name: str, label: str) -> int:
         os.pwrite(fd, header, 0)
         fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _SEALS)
         return fd
-    except BaseException:
+    except BaseException:  # on any exit: the descriptor is closed
         os.close(fd)
         raise
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
@@ -176,7 +176,7 @@ def _pool(workers: int) -> ThreadPoolExecutor:
         return _executor
 
 
-def _run(tasks: list[Callable[[], None]]) -> None:
+def _run(tasks: Sequence[Callable[[], None]]) -> None:
     """Runs the tasks, the first on this thread and the others on the copy pool (or here,
     when the pool refuses work, e.g. at interpreter exit); re-raises the first failure
     only after every task has ended, so none is left writing into the caller's rows."""
@@ -197,8 +197,8 @@ def _run(tasks: list[Callable[[], None]]) -> None:
         except BaseException as e:  # re-raised below, once the others have ended
             error = error or e
     for f in futures:
-        e = f.exception()
-        error = error or e
+        exc = f.exception()
+        error = error or exc
     if error is not None:
         raise error
 

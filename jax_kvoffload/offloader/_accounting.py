@@ -11,7 +11,9 @@ from __future__ import annotations
 import threading
 from collections.abc import Mapping
 
+from jax_kvoffload.hostmem import HostCopies
 from jax_kvoffload.stats import OffloadStats, TierSource, TransferTally, store_side
+from jax_kvoffload.transfer import TransferResult
 
 __all__ = ["OffloaderAccounting"]
 
@@ -25,6 +27,7 @@ class OffloaderAccounting:
       blocks_per_chunk: blocks per chunk.
       tiers: returns the secondary tiers' `TierStats` (the tier path's `summary`), or
         None without tiers.
+      host_copies: the pool's `HostCopies` (the KV bytes it copied with the CPU).
     """
 
     def __init__(
@@ -33,6 +36,7 @@ class OffloaderAccounting:
         tokens_per_block: Mapping[int, int],
         blocks_per_chunk: int,
         tiers: TierSource | None = None,
+        host_copies: HostCopies | None = None,
     ) -> None:
         self._store = store
         self._tokens_per_block = dict(tokens_per_block)
@@ -43,6 +47,7 @@ class OffloaderAccounting:
         self._prefix_hit_tokens = 0
         self.transfers = TransferTally()
         self._tiers = tiers
+        self._host_copies = host_copies
 
     def on_lookup(self, group: int, hit_chunks: int, prefix_blocks: int) -> None:
         """One `lookup` call: `hit_chunks` chunks answered HIT, `prefix_blocks` returned."""
@@ -52,7 +57,7 @@ class OffloaderAccounting:
             self._hit_tokens += hit_chunks * self._bpc * tokens
             self._prefix_hit_tokens += prefix_blocks * tokens
 
-    def on_job(self, store: bool, result: object) -> None:
+    def on_job(self, store: bool, result: TransferResult) -> None:
         """One reported `TransferResult` (`store`: its direction is device -> host)."""
         self.transfers.record(store, result.success, result.size_bytes, result.seconds)
 
@@ -65,10 +70,13 @@ class OffloaderAccounting:
             )
         store, load = self.transfers.totals()
         tiers = self._tiers() if self._tiers is not None else ()
+        copied = (0, 0) if self._host_copies is None else self._host_copies.snapshot()
         return OffloadStats(
             **store_side(self._store, hit_tokens, tiers),
             prefix_lookups=calls,
             prefix_hit_tokens=prefix,
             store=store,
             load=load,
+            host_copied_stored=copied[0],
+            host_copied_loaded=copied[1],
         )

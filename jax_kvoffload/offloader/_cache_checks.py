@@ -24,7 +24,7 @@ from jax_kvoffload.config.internals import as_dtype
 from jax_kvoffload.errors import KVOffloadValueError
 from jax_kvoffload.hostmem.internals import check_index
 from jax_kvoffload.offloader._checks import OffloaderError
-from jax_kvoffload.transfer import GroupCaches, check_global_caches
+from jax_kvoffload.transfer import GroupCaches, canonical_group_caches
 from jax_kvoffload.transfer.internals import check_distinct
 
 
@@ -46,9 +46,10 @@ _FIX = "or rebuild the config (build_offloading_config) from the model that made
 
 def check_caches(
     config: OffloadingConfig, caches: Mapping[int, GroupCaches], total_kv_heads: object
-) -> None:
+) -> dict[int, GroupCaches]:
     """Refuses caches that contradict the config: groups, layers, dtype, block tokens,
-    bytes per block, and (canonical pages) every KV head."""
+    bytes per block, and (canonical pages) every KV head. Returns them, as groups with
+    canonical host pages when the config asks for those."""
     groups = {g.group_id: g for g in config.groups}
     unknown = sorted(set(caches) - set(groups))
     missing = sorted(set(groups) - set(caches))
@@ -60,9 +61,11 @@ def check_caches(
     for g, gc in caches.items():
         check_group(config, g, gc)
     check_distinct([a for gc in caches.values() for a in gc.arrays], "caches (all groups)")
+    out = dict(caches)
     if config.canonical_layout:  # before the bytes: a shard's heads say more than its size
-        _check_canonical(caches, total_kv_heads)
-    _check_block_bytes(config, caches)
+        out = _check_canonical(caches, total_kv_heads)
+    _check_block_bytes(config, out)
+    return out
 
 
 def check_group(config: OffloadingConfig, g: int, gc: GroupCaches) -> None:
@@ -121,6 +124,7 @@ def _token_axis(layout: pk.KVLayout) -> int | None:
     """Index of the tokens-per-block axis in `layout.page_shape(...)`, None for RAW."""
     stacked = int(layout.kv_stacking in (pk.KVStacking.FIRST, pk.KVStacking.SECOND))
     base = {pk.PageFormat.NHD: 0, pk.PageFormat.HND: 1, pk.PageFormat.MLA: 0}
+    base[pk.PageFormat.RPA] = 0
     axis = base.get(layout.page_format)
     return None if axis is None else axis + stacked
 
@@ -150,7 +154,10 @@ def _check_block_bytes(config: OffloadingConfig, caches: Mapping[int, GroupCache
     states no bytes (vLLM's configs without workers) or a group has raw pages (states
     of any shape, padded to a common page)."""
     per_worker = config.worker_kv_bytes_per_block
-    if per_worker <= 0 or any(gc.layout.page_format is pk.PageFormat.RAW for gc in caches.values()):
+    # RPA pages are padded (heads to the packing, the head size to 128), so their size
+    # does not state the heads; canonical RPA caches are checked head by head instead.
+    unsized = (pk.PageFormat.RAW, pk.PageFormat.RPA)
+    if per_worker <= 0 or any(gc.layout.page_format in unsized for gc in caches.values()):
         return
     got = sum(gc.block_bytes for gc in caches.values())
     workers = max(config.parallel.world_size, 1)
@@ -170,7 +177,9 @@ def _check_block_bytes(config: OffloadingConfig, caches: Mapping[int, GroupCache
     )
 
 
-def _check_canonical(caches: Mapping[int, GroupCaches], total_kv_heads: object) -> None:
+def _check_canonical(
+    caches: Mapping[int, GroupCaches], total_kv_heads: object
+) -> dict[int, GroupCaches]:
     if total_kv_heads is None:
         raise OffloaderError(
             "canonical_layout is set: pass total_kv_heads= (the model's KV heads) so the "
@@ -178,8 +187,10 @@ def _check_canonical(caches: Mapping[int, GroupCaches], total_kv_heads: object) 
             "canonical pages; or drop 'canonical_layout' from the extra config"
         )
     heads = check_index("total_kv_heads", total_kv_heads)
+    out = {}
     for g, gc in caches.items():
         try:
-            check_global_caches(gc, heads)
+            out[g] = canonical_group_caches(gc, heads)
         except KVOffloadValueError as e:
             raise CacheConfigMismatchError(f"group {g}: {e}") from e
+    return out

@@ -18,7 +18,12 @@ process that is scheduler and worker at once:
   `_promotions_held`): one of them may still read or write a freed row.
 
 Everything here runs on the offloader's caller thread, under its guard; the tiers'
-threads only move bytes and complete futures.
+threads only move bytes and complete futures. Plain code: the offloader calls each
+method that changes the store or the path (`process`, `cascade`, `promote_plan`,
+`promote`, `hold`, `close`) inside its `deferred_interrupts` block, and the ones that
+block (`plan_lookup` asks the tiers, `join` waits) outside it; those change nothing but
+counters, so an interrupt in them loses nothing. `lookup`, `wait` and `drain` join and
+record in one call, for callers that hold no signal (the tpu-inference connector).
 """
 
 from __future__ import annotations
@@ -29,16 +34,16 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
+from typing import cast
 
 from jax_kvoffload._log_once import log_once
 from jax_kvoffload.errors import KVOffloadStateError, KVOffloadTypeError
 from jax_kvoffload.hostmem import HostPool
 from jax_kvoffload.offloader._tier_stats import TierCounts
-from jax_kvoffload.store import HostStore, LookupResult
+from jax_kvoffload.store import HostStore, LookupResult, OffloadKey
 from jax_kvoffload.tiers import SecondaryTier, TierBufferSizeError, TierJobResult
-from jax_kvoffload.transfer.internals import deferred_interrupts
 
-__all__ = ["PromotionMissError", "TierPath", "prefix_chunks"]
+__all__ = ["LookupPlan", "PromotionMissError", "TierPath", "prefix_chunks"]
 
 logger = logging.getLogger(__name__)
 
@@ -50,18 +55,35 @@ class PromotionMissError(KVOffloadStateError):
 
 
 @dataclass
+class LookupPlan:
+    """What a lookup found (`TierPath.plan_lookup`): the host's hits, the tier holding
+    each key the host lacks, the prefix counted, and the promotions its load needs."""
+
+    keys: list[OffloadKey]
+    window: int | None
+    host: list[bool]  # HIT in the host now
+    need: range  # the chunks a load of the counted prefix reads
+    fetch: list[int]  # of those, the ones only a tier holds (to promote)
+    fetch_tiers: list[int]  # the tier holding each of `fetch`
+    found: int  # chunks present anywhere (`hit_tokens`)
+
+
+@dataclass
 class _TierJob:
     tier: int
     group: int
-    keys: list[bytes]
+    keys: list[OffloadKey]
     generation: int
     future: Future[TierJobResult]
     promotion: bool
     # Promotions: the host chunk of each key, and the load jobs (offloader ids)
     # waiting for keys; each gets its keys pinned for it when the promotion is recorded.
-    chunks: dict[bytes, int] = field(default_factory=dict)
-    holders: dict[int, list[bytes]] = field(default_factory=dict)
+    chunks: dict[OffloadKey, int] = field(default_factory=dict)
+    holders: dict[int, list[OffloadKey]] = field(default_factory=dict)
     steps: set[str] = field(default_factory=set)  # store calls of `_finish` already made
+
+
+PromotionWait = tuple[_TierJob, list[OffloadKey]]  # a load's wait: a promotion, its keys
 
 
 class TierPath:
@@ -80,10 +102,10 @@ class TierPath:
         self._store = store
         self._pool = pool
         self._jobs: list[_TierJob] = []
-        self._pinned: dict[int, list[bytes]] = {}  # load id -> keys promotions pinned for it
-        self._pending: dict[bytes, _TierJob] = {}  # key -> its promotion in flight
+        self._pinned: dict[int, list[OffloadKey]] = {}  # load id -> keys promotions pinned for it
+        self._pending: dict[OffloadKey, _TierJob] = {}  # key -> its promotion in flight
         self._held_until: Callable[[], bool] | None = None
-        self._orphans: list[tuple[int, str, list[bytes]]] = []  # (generation, kind, keys)
+        self._orphans: list[tuple[int, str, list[OffloadKey]]] = []  # (generation, kind, keys)
         self.counts = TierCounts([tier.medium for tier in self.tiers])
 
     # -- queries ------------------------------------------------------------------------
@@ -92,11 +114,11 @@ class TierPath:
     def in_flight(self) -> int:
         return len(self._jobs)
 
-    def promotion_of(self, key: bytes) -> _TierJob | None:
+    def promotion_of(self, key: OffloadKey) -> _TierJob | None:
         """The promotion in flight for `key`, if any."""
         return self._pending.get(key)
 
-    def host_state(self, key: bytes) -> LookupResult:
+    def host_state(self, key: OffloadKey) -> LookupResult:
         """The host's answer for `key`, without counting a lookup in the store's stats
         (the offloader's own checks are not the engine's lookups)."""
         chunk = self._store.policy.get(key)
@@ -117,7 +139,7 @@ class TierPath:
 
     # -- lookups --------------------------------------------------------------------------
 
-    def locate(self, keys: Sequence[bytes]) -> list[int | None]:
+    def locate(self, keys: Sequence[OffloadKey]) -> list[int | None]:
         """For each key, the index of the first tier holding it now, or None."""
         where: list[int | None] = [None] * len(keys)
         todo = list(range(len(keys)))
@@ -137,18 +159,10 @@ class TierPath:
             todo = [i for i, hit in zip(todo, found, strict=True) if not hit]
         return where
 
-    def lookup(
-        self, group: int, keys: list[bytes], window: int | None, wait: bool
-    ) -> tuple[int, int]:
-        """Chunks loadable now from the host, after promoting the tiers' hits; and the
-        chunks found (answered HIT by the host, or held by a tier: `hit_tokens`).
-
-        Counts the longest prefix (`prefix_chunks`) present in the host, in a promotion
-        in flight, or in a tier; promotes the tier hits the load of that prefix needs
-        (keeping its host hits from being evicted for them); with `wait`, waits for those
-        promotions and counts again from the host alone. Without `wait` the host's
-        count now: promotions finish in the background and a later lookup sees them.
-        """
+    def plan_lookup(self, keys: list[OffloadKey], window: int | None) -> LookupPlan:
+        """Counts the longest prefix (`prefix_chunks`) present in the host, in a promotion
+        in flight, or in a tier (asked now: bounded calls), and which of its chunks a
+        load needs promoted. Changes nothing but lookup counts."""
         store = self._store
         state = [store.lookup(k) for k in keys]
         host = [s is LookupResult.HIT for s in state]
@@ -162,54 +176,78 @@ class TierPath:
         present = [h or p or t is not None for h, p, t in
                    zip(host, promoting, tier_of, strict=True)]  # fmt: skip
         n = prefix_chunks(present, window)
-        found = sum(present)
         need = range(0 if window is None else max(0, n - window), n)
-        fetch = [i for i in need if tier_of[i] is not None]
+        fetch = [(i, t) for i in need if (t := tier_of[i]) is not None]
+        return LookupPlan(
+            keys, window, host, need, [i for i, _ in fetch], [t for _, t in fetch], sum(present)
+        )
+
+    def promote_plan(self, group: int, plan: LookupPlan) -> list[_TierJob]:
+        """Promotes the tier hits the load of the counted prefix needs (keeping its host
+        hits from being evicted for them); returns the promotions it waits for."""
+        keys = plan.keys
         self.promote(
             group,
-            [keys[i] for i in fetch],
-            [tier_of[i] for i in fetch],
-            protect=[keys[i] for i in need if host[i]],
+            [keys[i] for i in plan.fetch],
+            plan.fetch_tiers,
+            protect=[keys[i] for i in plan.need if plan.host[i]],
         )
-        if not wait:
-            return prefix_chunks(host, window), found
-        jobs = {id(j): j for i in need if (j := self._pending.get(keys[i])) is not None}
-        self.wait(list(jobs.values()))
-        for i in need:
-            if not host[i]:
-                host[i] = self.host_state(keys[i]) is LookupResult.HIT
-        return prefix_chunks(host, window), found
+        jobs = {id(j): j for i in plan.need if (j := self._pending.get(keys[i])) is not None}
+        return list(jobs.values())
+
+    def lookup(
+        self, group: int, keys: list[OffloadKey], window: int | None, wait: bool
+    ) -> tuple[int, int]:
+        """Chunks loadable now from the host, after promoting the tiers' hits; and the
+        chunks found (in the host or a tier: `hit_tokens`). The steps in one call, for
+        a caller that holds no signal (the tpu-inference connector); `KVOffloader`
+        takes them one by one, each step that changes the store with SIGINT held.
+        Without `wait` the host's count now: promotions finish in the background."""
+        plan = self.plan_lookup(keys, window)
+        promotions = self.promote_plan(group, plan)
+        if wait:
+            self.wait(promotions)
+        return self.loadable(plan, recount=wait), plan.found
+
+    def loadable(self, plan: LookupPlan, recount: bool) -> int:
+        """Chunks loadable from the host now: as planned, or (`recount`, once the
+        promotions were waited for and processed) counted again from the host."""
+        host = list(plan.host)
+        if recount:
+            for i in plan.need:
+                if not host[i]:
+                    host[i] = self.host_state(plan.keys[i]) is LookupResult.HIT
+        return prefix_chunks(host, plan.window)
 
     # -- cascades -------------------------------------------------------------------------
 
-    def cascade(self, group: int, keys: list[bytes]) -> None:
+    def cascade(self, group: int, keys: list[OffloadKey]) -> None:
         """Hands the chunks of a completed store to every tier (pinned meanwhile)."""
         store = self._store
         for t, tier in enumerate(self.tiers):
-            with deferred_interrupts():  # the pins and the job's record go together
-                chunks = store.prepare_load(keys)  # vLLM's prepare_read: no access recorded
-                try:
-                    rows = [self._pool.chunk_row(group, c) for c in chunks]
-                    items = list(zip(keys, rows, strict=True))
-                    future = tier.submit_store(items)
-                except BaseException as exc:
-                    self.counts.add(t, "cascade_failed", len(keys))
-                    self._orphans.append((store.cache_generation, "unpin", keys))
-                    self._settle_orphans()  # no job: no pins either
-                    if not isinstance(exc, Exception):
-                        raise
-                    logger.exception("secondary tier %d: cascade of %d keys failed", t, len(keys))
-                    continue
-                self._jobs.append(
-                    _TierJob(t, group, keys, store.cache_generation, future, promotion=False)
-                )
-                self.counts.add(t, "cascade_jobs", 1)
+            chunks = store.prepare_load(keys)  # vLLM's prepare_read: no access recorded
+            try:
+                rows = [self._pool.chunk_row(group, c) for c in chunks]
+                items = list(zip(keys, rows, strict=True))
+                future = tier.submit_store(items)
+            except BaseException as exc:  # on any exit: no job will drop these pins
+                self.counts.add(t, "cascade_failed", len(keys))
+                self._orphans.append((store.cache_generation, "unpin", keys))
+                self._settle_orphans()
+                if not isinstance(exc, Exception):
+                    raise
+                logger.exception("secondary tier %d: cascade of %d keys failed", t, len(keys))
+                continue
+            self._jobs.append(
+                _TierJob(t, group, keys, store.cache_generation, future, promotion=False)
+            )
+            self.counts.add(t, "cascade_jobs", 1)
 
     # -- promotions -----------------------------------------------------------------------
 
     def promote(
-        self, group: int, keys: list[bytes], tier_of: list[int], protect: list[bytes]
-    ) -> list[bytes]:
+        self, group: int, keys: list[OffloadKey], tier_of: list[int], protect: list[OffloadKey]
+    ) -> list[OffloadKey]:
         """Starts loading `keys` from their tiers into new host chunks.
 
         `protect`: keys the caller counts on staying in the host (offered alongside, so
@@ -217,38 +255,37 @@ class TierPath:
         """
         # Each key once: the store allocates a chunk per key offered, and only one of
         # two chunks under a key could ever be filled (the other stays write-pending).
-        first: dict[bytes, int] = {}
+        first: dict[OffloadKey, int] = {}
         for k, t in zip(keys, tier_of, strict=True):
             first.setdefault(k, t)
         keys, tier_of = list(first), list(first.values())
         if not keys:
             return []
         store = self._store
-        with deferred_interrupts():
-            out = store.prepare_store([*protect, *keys])
-            if out is None:  # no room: these keys stay where they are
-                for t in set(tier_of):
-                    self.counts.add(t, "promotion_no_room", sum(1 for x in tier_of if x == t))
-                return []
-            chunk_of = dict(zip(out.keys_to_store, out.chunk_ids, strict=True))
-            unsent = dict.fromkeys(out.keys_to_store)  # allocated, not yet with a tier
-            started: list[bytes] = []
-            try:
-                for t in sorted(set(tier_of)):
-                    mine = [k for k, x in zip(keys, tier_of, strict=True) if x == t and k in unsent]
-                    if mine:
-                        started += self._submit_promotion(t, group, mine, chunk_of)
-                        for k in mine:
-                            del unsent[k]
-            finally:
-                if unsent:  # an interrupt: free what no tier will fill
-                    self._orphans.append((store.cache_generation, "free", list(unsent)))
-                    self._settle_orphans()
-            return started
+        out = store.prepare_store([*protect, *keys])
+        if out is None:  # no room: these keys stay where they are
+            for t in set(tier_of):
+                self.counts.add(t, "promotion_no_room", sum(1 for x in tier_of if x == t))
+            return []
+        chunk_of = dict(zip(out.keys_to_store, out.chunk_ids, strict=True))
+        unsent = dict.fromkeys(out.keys_to_store)  # allocated, not yet with a tier
+        started: list[OffloadKey] = []
+        try:
+            for t in sorted(set(tier_of)):
+                mine = [k for k, x in zip(keys, tier_of, strict=True) if x == t and k in unsent]
+                if mine:
+                    started += self._submit_promotion(t, group, mine, chunk_of)
+                    for k in mine:
+                        del unsent[k]
+        finally:
+            if unsent:  # on any exit: free what no tier will fill
+                self._orphans.append((store.cache_generation, "free", list(unsent)))
+                self._settle_orphans()
+        return started
 
     def _submit_promotion(
-        self, t: int, group: int, keys: list[bytes], chunk_of: dict[bytes, int]
-    ) -> list[bytes]:
+        self, t: int, group: int, keys: list[OffloadKey], chunk_of: dict[OffloadKey, int]
+    ) -> list[OffloadKey]:
         """Hands `keys` (write-pending chunks) to tier `t`; on failure frees them."""
         store = self._store
         try:
@@ -267,11 +304,11 @@ class TierPath:
             self._pending[k] = job
         return list(keys)
 
-    def hold(self, job: _TierJob, load_id: int, keys: list[bytes]) -> None:
+    def hold(self, job: _TierJob, load_id: int, keys: list[OffloadKey]) -> None:
         """Load `load_id` waits for `keys` of promotion `job` (pinned for it at the end)."""
         job.holders.setdefault(load_id, []).extend(keys)
 
-    def release_load(self, load_id: int) -> list[bytes]:
+    def release_load(self, load_id: int) -> list[OffloadKey]:
         """Load `load_id` ended: promotions still in flight no longer pin for it.
         Returns the keys they pinned for it (the caller unpins them with its own)."""
         for job in self._jobs:
@@ -279,7 +316,7 @@ class TierPath:
         return self._pinned.pop(load_id, [])
 
     @staticmethod
-    def check_loaded(jobs: Sequence[tuple[_TierJob, list[bytes]]]) -> None:
+    def check_loaded(jobs: Sequence[PromotionWait]) -> None:
         """Raises if one of the keys a load needs missed its promotion (worker thread)."""
         for job, keys in jobs:
             result = _job_result(job.future)
@@ -295,16 +332,15 @@ class TierPath:
 
     def process(self, only: Sequence[_TierJob] | None = None) -> None:
         """Records every tier job that has ended (or those of `only` that have)."""
-        with deferred_interrupts():
-            self._settle_orphans()
+        self._settle_orphans()
         for job in list(self._jobs if only is None else only):
             if job.future.done() and job in self._jobs:
-                with deferred_interrupts():
-                    self._finish(job)
-                    self._jobs.remove(job)
+                self._finish(job)
+                self._jobs.remove(job)
 
-    def wait(self, jobs: Sequence[_TierJob] | None = None, timeout: float | None = None) -> bool:
-        """Waits (interruptibly) for tier jobs to end, then records them; False on timeout."""
+    def join(self, jobs: Sequence[_TierJob] | None = None, timeout: float | None = None) -> bool:
+        """Waits (interruptibly) for tier jobs (default: all) to end; False on timeout.
+        Records nothing: `process` them afterwards (the offloader, SIGINT held)."""
         targets = list(self._jobs if jobs is None else jobs)
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
@@ -313,19 +349,25 @@ class TierPath:
                 break
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
-                self.process(targets)
                 return False
             step = _DRAIN_STEP_S if left is None else min(left, _DRAIN_STEP_S)
             wait_futures(pending, timeout=step)
-        self.process(targets)
         return True
 
+    def wait(self, jobs: Sequence[_TierJob] | None = None, timeout: float | None = None) -> bool:
+        """`join`, then records the jobs that ended; False on timeout."""
+        done = self.join(jobs, timeout)
+        self.process(jobs)
+        return done
+
     def drain(self) -> None:
-        """Waits for every tier job (reset, close): bounded by the tiers' own timeouts."""
+        """Waits for every tier job and records it (reset, close): bounded by the tiers'
+        own timeouts."""
         self.wait()
 
     def close(self, own: bool) -> None:
-        """Ends the path: every job recorded; the tiers closed when `own`."""
+        """Ends the path: every job waited for and recorded (`drain`: at once after a
+        `join`); the tiers closed when `own`."""
         self.drain()
         if own:
             for tier in self.tiers:
@@ -396,7 +438,7 @@ def prefix_chunks(present: Sequence[bool], window: int | None) -> int:
     return 0
 
 
-def _job_result(future: Future) -> TierJobResult:
+def _job_result(future: Future[TierJobResult]) -> TierJobResult:
     """A tier job's result; a buffer of the wrong length (another geometry's entry under
     a key of ours) is logged once and its keys are misses, the others as they ended."""
     try:
@@ -404,7 +446,7 @@ def _job_result(future: Future) -> TierJobResult:
     except TierBufferSizeError as e:
         # Debug after the first: it recurs for every such key and says nothing new.
         log_once(logger, "tier-size", "secondary tier: %s; such keys are misses", e)
-        return e.result
+        return cast(TierJobResult, e.result)  # set before the future raises
     if not isinstance(result, TierJobResult):  # a third-party tier's bug: its keys fail
         raise KVOffloadTypeError(
             f"a secondary tier's job future returned {type(result).__name__}, not a "

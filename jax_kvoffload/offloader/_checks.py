@@ -38,6 +38,8 @@ def as_group_caches(config: object, caches: object) -> dict[int, GroupCaches]:
         raise OffloaderError("config has no offloaded groups: there is nothing to offload")
     if isinstance(caches, GroupCaches):
         return {config.groups[0].group_id: caches}
+    if isinstance(caches, (list, tuple)):  # the arrays, in the config's `cache_layout`
+        return {config.groups[0].group_id: _named_caches(config, caches)}
     if not isinstance(caches, Mapping):
         raise KVOffloadTypeError(
             f"caches must be a GroupCaches or a mapping group id -> GroupCaches, got "
@@ -53,6 +55,17 @@ def as_group_caches(config: object, caches: object) -> dict[int, GroupCaches]:
             )
         out[int(g)] = gc
     return out
+
+
+def _named_caches(config: OffloadingConfig, arrays: Sequence[Any]) -> GroupCaches:
+    name = host_tier_config(config.extra_config).cache_layout
+    if name is None:  # a list where a GroupCaches goes: the wrong type of argument
+        raise KVOffloadTypeError(
+            "caches is a list of arrays but kv_connector_extra_config has no 'cache_layout' "
+            "to say their layout: set it (e.g. 'cache_layout': 'rpa'), or pass "
+            "GroupCaches(arrays, layout)"
+        )
+    return GroupCaches(list(arrays), name)
 
 
 def check_hashes(block_hashes: object) -> Sequence[bytes]:
@@ -203,6 +216,9 @@ def assemble(
             enable_events=config.enable_kv_cache_events,
             tiers=None if tiers is None else tuple(tiers),
             pages=engine_pages(caches),
+            accelerator=any(
+                next(iter(gc.arrays[0].devices())).platform != "cpu" for gc in caches.values()
+            ),
         )
     except HostPoolError as e:  # the pool's sizes come from the caller's budget
         raise OffloaderError(

@@ -4,7 +4,8 @@ The offloader owns one; the book is given, when built, the parts a job's end tou
 the host store (its keys are recorded there), the transfer engine (is a job still in
 it?), the tier path (a completed store cascades; a load that waited for promotions
 takes the keys they pinned for it) and the accounting (each reported job is counted).
-Runs on the caller's thread, under the offloader's guard.
+Plain code: it runs on the caller's thread, under the offloader's guard, and each
+call that changes the book runs inside the offloader's `deferred_interrupts` block.
 """
 
 from __future__ import annotations
@@ -14,15 +15,15 @@ import logging
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 from jax_kvoffload.errors import KVOffloadTypeError
 from jax_kvoffload.hostmem.internals import check_index
 from jax_kvoffload.offloader._accounting import OffloaderAccounting
-from jax_kvoffload.offloader._cascade import TierPath
+from jax_kvoffload.offloader._cascade import PromotionWait, TierPath
 from jax_kvoffload.offloader._checks import OffloaderError
-from jax_kvoffload.store import HostStore
+from jax_kvoffload.store import HostStore, OffloadKey
 from jax_kvoffload.transfer import Direction, TransferEngine, TransferResult
-from jax_kvoffload.transfer.internals import deferred_interrupts
 
 __all__ = ["Job", "JobBook"]
 
@@ -33,10 +34,11 @@ logger = logging.getLogger(__name__)
 class Job:
     direction: Direction
     group: int
-    keys: list[bytes]  # a store's keys; a load's pinned keys (unpinned when it ends)
+    keys: list[OffloadKey]  # a store's keys; a load's pinned keys (unpinned when it ends)
     generation: int  # the store's; a reset since means the keys are gone
     visible: bool = True  # False: the call that made it raised; settled silently
-    waits: list = field(default_factory=list)  # a load's promotions: (tier job, keys)
+    # a load's promotions: (tier job, keys)
+    waits: list[PromotionWait] = field(default_factory=list)
     released: bool = False  # the store was told (an interrupt after it: not twice)
 
 
@@ -108,7 +110,13 @@ class JobBook:
 
     # -- a job's life ---------------------------------------------------------------------
 
-    def record(self, direction: Direction, g: int, keys: list[bytes], waits: Sequence = ()) -> int:
+    def record(
+        self,
+        direction: Direction,
+        g: int,
+        keys: list[OffloadKey],
+        waits: Sequence[PromotionWait] = (),
+    ) -> int:
         """A new job of `keys` (a store's, or a load's pinned keys); `waits`: a load's
         promotions, as (tier job, keys) pairs. Returns its id."""
         job = next(self._ids)
@@ -117,24 +125,24 @@ class JobBook:
 
     def abandon(self, job: int) -> None:
         """Undoes a job whose `store` / `load` call raised: the caller never got its id."""
-        with deferred_interrupts():
-            record = self._jobs[job]
-            if self._engine.knows(job):
-                # Submitted after all (the interrupt came later): it ends unreported; a
-                # load must then not write blocks the caller believes untouched.
-                record.visible = False
-                if record.direction is Direction.LOAD:
-                    self._engine.discard(job)
-                return
-            self._release(record, success=False, job_id=job)
-            del self._jobs[job]
+        record = self._jobs[job]
+        if self._engine.knows(job):
+            # Submitted after all (the interrupt came later): it ends unreported; a
+            # load must then not write blocks the caller believes untouched.
+            record.visible = False
+            if record.direction is Direction.LOAD:
+                self._engine.discard(job)
+            return
+        self._release(record, success=False, job_id=job)
+        del self._jobs[job]
 
     def _release(self, record: Job, success: bool, job_id: int) -> None:
         """Tells the store a job's keys are done with (unless a reset forgot them); a
         stored chunk then cascades to the tiers."""
         if record.waits:
-            self._tiers.process([j for j, _ in record.waits])  # pins the keys it waited for
-            record.keys.extend(self._tiers.release_load(job_id))
+            tiers = cast(TierPath, self._tiers)  # only a tier path gives a job waits
+            tiers.process([j for j, _ in record.waits])  # pins the keys it waited for
+            record.keys.extend(tiers.release_load(job_id))
         if record.generation != self._store.cache_generation or record.released:
             return
         if record.direction is Direction.STORE:

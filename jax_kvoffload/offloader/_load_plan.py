@@ -7,21 +7,19 @@ the offloader's deferred-interrupt block, so its pins and the job's record go to
 
 from __future__ import annotations
 
-from typing import Any
-
-from jax_kvoffload.offloader._cascade import TierPath
+from jax_kvoffload.offloader._cascade import PromotionWait, TierPath
 from jax_kvoffload.offloader._checks import OffloaderError
-from jax_kvoffload.store import HostStore, LookupResult
+from jax_kvoffload.store import HostStore, LookupResult, OffloadKey
 
 __all__ = ["locate_missing", "prepare_load"]
 
 
-def locate_missing(tiers: TierPath | None, keys: list[bytes]) -> dict[bytes, int]:
+def locate_missing(tiers: TierPath | None, keys: list[OffloadKey]) -> dict[OffloadKey, int]:
     """The tier holding each key the host lacks (bounded tier calls; none while
-    promotions are held after a reset)."""
+    promotions are held after a reset). Changes nothing but the tiers' lookup counts:
+    the offloader runs it outside its deferred-interrupt block, interruptible."""
     if tiers is None:
         return {}
-    tiers.process()
     missing = [k for k in keys if tiers.host_state(k) is LookupResult.MISS]
     if not missing or tiers.promotions_held():
         return {}
@@ -32,9 +30,9 @@ def prepare_load(
     store: HostStore,
     tiers: TierPath | None,
     g: int,
-    keys: list[bytes],
-    located: dict[bytes, int],
-) -> tuple[list[int], list[bytes], list]:
+    keys: list[OffloadKey],
+    located: dict[OffloadKey, int],
+) -> tuple[list[int], list[OffloadKey], list[PromotionWait]]:
     """Chunk ids of `keys`, the keys pinned now, and the promotions to wait for.
 
     Keys in the host are pinned; keys a promotion is filling are waited for; keys
@@ -54,7 +52,7 @@ def prepare_load(
     found = list({k: t for k, t in zip(missing, where, strict=True) if t is not None}.items())
     try:
         started = tiers.promote(g, [k for k, _ in found], [t for _, t in found], protect=ready)
-    except BaseException:  # no job will unpin them: the caller gets no id
+    except BaseException:  # on any exit: no job will unpin them, the caller gets no id
         store.complete_load(ready)
         raise
     if len(started) < len(found):
@@ -64,7 +62,7 @@ def prepare_load(
             "but the host store has no room to promote them now; call lookup() first "
             "(it promotes what it counts), or load fewer chunks"
         )
-    waits: dict[int, tuple[Any, list[bytes]]] = {}
+    waits: dict[int, PromotionWait] = {}
     for k in keys:
         tier_job = tiers.promotion_of(k)
         if tier_job is not None and k not in chunk_of:

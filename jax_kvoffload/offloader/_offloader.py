@@ -20,16 +20,22 @@ Only whole chunks are stored or loaded.
 Every job id `store` / `load` returns is reported exactly once, by `poll`, `wait` or
 `close`, whatever happens in between (failures, `reset_cache`, interrupts); a call that
 raises returns no id and leaves nothing behind. Life cycle: docs/architecture.md.
+
+Interrupt safety is made here: each call is a sequence of waits (interruptible, they
+change nothing) and steps that change the store, the job book or the tier path (run
+with SIGINT held, `deferred_interrupts`); the parts it calls hold no signal themselves
+(docs/architecture.md, "Interrupts, in one place").
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import jax
 import numpy as np
 
+from jax_kvoffload._interrupts import SingleCaller, deferred_interrupts
 from jax_kvoffload.assembly import engine_pages
 from jax_kvoffload.config import OffloadingConfig
 from jax_kvoffload.config.internals import checked_arguments
@@ -52,7 +58,13 @@ from jax_kvoffload.offloader._job_book import JobBook
 from jax_kvoffload.offloader._load_plan import locate_missing, prepare_load
 from jax_kvoffload.offloader._tier_stats import TierPathStats
 from jax_kvoffload.stats import OffloadStats
-from jax_kvoffload.store import KeyNotReadyError, KeyNotStoredError, LookupResult, make_offload_key
+from jax_kvoffload.store import (
+    KeyNotReadyError,
+    KeyNotStoredError,
+    LookupResult,
+    OffloadKey,
+    make_offload_key,
+)
 from jax_kvoffload.tiers import SecondaryTier, namespace_digest
 from jax_kvoffload.transfer import (
     Direction,
@@ -61,11 +73,7 @@ from jax_kvoffload.transfer import (
     TransferEngine,
     TransferResult,
 )
-from jax_kvoffload.transfer.internals import (
-    SingleCaller,
-    check_distinct,
-    deferred_interrupts,
-)
+from jax_kvoffload.transfer.internals import check_distinct
 
 __all__ = ["KVOffloader", "OffloaderError", "OffloaderStateError"]
 
@@ -91,8 +99,9 @@ class KVOffloader:
       cpu_bytes_to_use: host budget; defaults to the extra config's `cpu_bytes_to_use`.
       eviction_policy: "lru" or "arc"; defaults to the extra config's, else "lru".
       host_pool: "numpy" (rows allocated once) or "pinned" (the host arrays of the
-        device-to-host copies are the rows: no host copy); default the extra config's
-        `host_pool`, else "numpy".
+        device-to-host copies are the rows: no host copy), or "auto" ("pinned" for
+        caches on an accelerator, else "numpy"); default the extra config's
+        `host_pool`, else "auto".
       tiers: secondary tiers already opened, used instead of the extra config's
         `secondary_tiers` (the caller closes them; the offloader closes those it opens).
       backend, interpret: kernel backend for `pallas_kernels` ("auto" by platform).
@@ -125,8 +134,7 @@ class KVOffloader:
         max_bucket: int = 256,
         total_kv_heads: int | None = None,
     ) -> None:
-        caches = as_group_caches(config, caches)
-        check_caches(config, caches, total_kv_heads)
+        caches = check_caches(config, as_group_caches(config, caches), total_kv_heads)
         self._groups = {g.group_id: g for g in config.groups}
         self._num_blocks = {g: gc.num_blocks for g, gc in caches.items()}  # set_caches keeps it
         self._layouts = {g: gc.layout for g, gc in caches.items()}
@@ -142,7 +150,7 @@ class KVOffloader:
             self._engine = TransferEngine(
                 caches, self._pool, backend=backend, interpret=interpret, max_bucket=max_bucket
             )
-        except BaseException:
+        except BaseException:  # on any exit: the tiers it opened are closed, not leaked
             if tiers is None:
                 for tier in parts.tiers:
                     tier.close()
@@ -153,7 +161,9 @@ class KVOffloader:
         self._guard = SingleCaller("KVOffloader", OffloaderStateError)
         tokens = {g.group_id: g.tokens_per_block for g in config.groups}
         tier_counts = None if self._tiers is None else self._tiers.counts.summary
-        self._stats = OffloaderAccounting(self._store, tokens, self._bpc, tier_counts)
+        self._stats = OffloaderAccounting(
+            self._store, tokens, self._bpc, tier_counts, self._pool.host_copies
+        )
         self._jobs = JobBook(self._store, self._engine, self._tiers, self._stats)
         self._closed = False
         self.config = config
@@ -249,8 +259,7 @@ class KVOffloader:
             keys = [make_offload_key(h, g) for h in self._chunk_hashes(check_hashes(block_hashes))]
             window = self._groups[g].sliding_window_size_in_chunks
             if self._tiers is not None:
-                self._tiers.process()
-                n, found = self._tiers.lookup(g, keys, window, wait)
+                n, found = self._tier_lookup(g, keys, window, wait)
                 self._stats.on_lookup(g, found, n * self._bpc)  # in the host or a tier
                 return n * self._bpc
             hits = [self._store.lookup(k) is LookupResult.HIT for k in keys]
@@ -272,7 +281,10 @@ class KVOffloader:
             if self._jobs.has_unsettled or self._engine.has_finished():
                 with deferred_interrupts():  # completed stores cascade first
                     self._jobs.settle(self._engine.get_finished())
-            return self._tiers.wait(timeout=timeout)
+            done = self._tiers.join(timeout=timeout)  # blocks; changes nothing
+            with deferred_interrupts():
+                self._tiers.process()
+            return done
 
     # -- transfers ------------------------------------------------------------------
 
@@ -301,7 +313,8 @@ class KVOffloader:
             if self._tiers is not None:
                 # Finished cascades unpin their chunks first, so the store can evict
                 # them (vLLM's tiering prepare_store polls its tiers for this reason).
-                self._tiers.process()
+                with deferred_interrupts():
+                    self._tiers.process()
             return self._start_store(g, keys, ids, offered)
 
     def load(
@@ -339,7 +352,8 @@ class KVOffloader:
         with self._guard:
             self._check_open()
             if self._tiers is not None:
-                self._tiers.process()
+                with deferred_interrupts():
+                    self._tiers.process()
             # The common idle poll is cheap.
             if self._jobs.has_unsettled or self._engine.has_finished():
                 with deferred_interrupts():
@@ -361,8 +375,8 @@ class KVOffloader:
             self._engine.join(in_engine)  # blocks; may be interrupted, changes nothing
             with deferred_interrupts():
                 self._jobs.settle(self._engine.wait(in_engine))
-            if self._tiers is not None:
-                self._tiers.process()  # finished tier jobs release their pins
+                if self._tiers is not None:
+                    self._tiers.process()  # finished tier jobs release their pins
             return self._jobs.take_ready(ids)
 
     def reset_cache(self) -> None:
@@ -377,8 +391,10 @@ class KVOffloader:
             if self._tiers is not None:
                 # No tier thread may touch a row the store is about to forget (vLLM's
                 # drain_jobs); interruptible, and nothing has changed until it returns.
-                self._tiers.drain()
+                self._tiers.join()
             with deferred_interrupts():
+                if self._tiers is not None:
+                    self._tiers.process()
                 self._store.reset_cache()
                 if self._tiers is not None:
                     generation = self._store.cache_generation
@@ -396,7 +412,7 @@ class KVOffloader:
             with deferred_interrupts():
                 self._jobs.settle(self._engine.get_finished())
             if self._tiers is not None:
-                self._tiers.drain()  # cascades reach the tiers; interruptible
+                self._tiers.join()  # cascades reach the tiers; blocks, changes nothing
             with deferred_interrupts():
                 self._engine.close()
                 if self._tiers is not None:
@@ -445,7 +461,7 @@ class KVOffloader:
     # -- internals: jobs ----------------------------------------------------------------
 
     def _start_store(
-        self, g: int, keys: list[bytes], ids: list[list[int]], offered: list[bytes]
+        self, g: int, keys: list[OffloadKey], ids: list[list[int]], offered: list[OffloadKey]
     ) -> int | None:
         job = None
         try:
@@ -454,27 +470,31 @@ class KVOffloader:
                 if out is None or not out.keys_to_store:
                     return None
                 job = self._jobs.record(Direction.STORE, g, list(out.keys_to_store))
-            position: dict[bytes, int] = {}
+            position: dict[OffloadKey, int] = {}
             for i, k in enumerate(keys):
                 position.setdefault(k, i)
             blocks = tuple(b for key in out.keys_to_store for b in ids[position[key]])
             transfer = GroupTransfer(g, blocks, tuple(out.chunk_ids))
             self._engine.submit_store(job, [transfer])
-        except BaseException:
+        except BaseException:  # on any exit: the caller gets no id, so no job is left
             if job is not None:
-                self._jobs.abandon(job)
+                with deferred_interrupts():
+                    self._jobs.abandon(job)
             raise
         return job
 
-    def _start_load(self, g: int, keys: list[bytes], ids: list[list[int]]) -> int:
+    def _start_load(self, g: int, keys: list[OffloadKey], ids: list[list[int]]) -> int:
         job = None
+        if self._tiers is not None:
+            with deferred_interrupts():
+                self._tiers.process()
         where = locate_missing(self._tiers, keys)  # tier I/O: outside the deferred block
         try:
             with deferred_interrupts():
                 chunk_ids, pinned, waits = prepare_load(self._store, self._tiers, g, keys, where)
                 job = self._jobs.record(Direction.LOAD, g, pinned, waits)
-                for tier_job, tier_keys in waits:
-                    self._tiers.hold(tier_job, job, tier_keys)
+                for tier_job, tier_keys in waits:  # waits come from a tier path only
+                    cast(TierPath, self._tiers).hold(tier_job, job, tier_keys)
             blocks = tuple(b for chunk in ids for b in chunk)
             transfer = GroupTransfer(g, blocks, tuple(chunk_ids))
             if waits:
@@ -486,8 +506,28 @@ class KVOffloader:
                 )
             else:
                 self._engine.submit_load(job, [transfer])
-        except BaseException:
+        except BaseException:  # on any exit: the caller gets no id, so no job is left
             if job is not None:
-                self._jobs.abandon(job)
+                with deferred_interrupts():
+                    self._jobs.abandon(job)
             raise
         return job
+
+    def _tier_lookup(
+        self, g: int, keys: list[OffloadKey], window: int | None, wait: bool
+    ) -> tuple[int, int]:
+        """`lookup` with tiers: (chunks loadable now, chunks found in the host or a
+        tier). Each step that changes the store holds SIGINT; asking the tiers and
+        waiting for the promotions are interruptible and change nothing."""
+        tiers = self._tiers
+        assert tiers is not None
+        with deferred_interrupts():
+            tiers.process()
+        plan = tiers.plan_lookup(keys, window)  # asks the tiers: bounded calls
+        with deferred_interrupts():
+            promotions = tiers.promote_plan(g, plan)
+        if wait:
+            tiers.join(promotions)  # bounded by the tiers' timeouts
+            with deferred_interrupts():
+                tiers.process(promotions)
+        return tiers.loadable(plan, recount=wait), plan.found

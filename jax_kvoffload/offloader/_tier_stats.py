@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
+from typing import Any
 
 from jax_kvoffload.stats import TierStats
 from jax_kvoffload.tiers import TierJobResult
@@ -65,7 +66,8 @@ class TierCounts:
 
     def __init__(self, media: Sequence[str]) -> None:
         self._media = tuple(media)
-        self._counts = [dict.fromkeys(_COUNTERS, 0) for _ in self._media]
+        # ints, and float seconds (each TierPathStats field its own type)
+        self._counts: list[dict[str, Any]] = [dict.fromkeys(_COUNTERS, 0) for _ in self._media]
 
     def add(self, tier: int, counter: str, n: float) -> None:
         """Adds `n` to one of `TierPathStats`' counters of tier `tier`."""

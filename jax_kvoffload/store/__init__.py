@@ -40,6 +40,7 @@ from ._registry import add_policy_resolver as add_policy_resolver
 from ._registry import get_policy_class as get_policy_class
 from ._registry import policy_names as policy_names
 from ._registry import register_policy as register_policy
+from ._registry import unregister_policy as unregister_policy
 from ._stats import ALLOCATION_SIZE_BUCKETS as ALLOCATION_SIZE_BUCKETS
 from ._stats import METRIC_NAMES as METRIC_NAMES
 from ._stats import StoreCounters as StoreCounters
@@ -84,4 +85,5 @@ __all__ = (
     "order_request_keys",
     "policy_names",
     "register_policy",
+    "unregister_policy",
 )

@@ -12,6 +12,7 @@ import dataclasses
 import itertools
 import operator
 from collections.abc import Iterable, Sequence
+from typing import cast
 
 from ._context import AbstractRequestContext, position_reader
 from ._errors import StoreError
@@ -127,12 +128,13 @@ def finished_key_groups(state: RequestAccess, ctx: AbstractRequestContext) -> Re
         if None in found:
             all_positions = None
         else:
+            known = cast("list[int]", found)
             if all_positions is not None and len(by_group) > 1:
-                all_positions.update(zip(keys, found, strict=True))
+                all_positions.update(zip(keys, known, strict=True))
             # Keys are usually recorded in prefix order already: then the stable sort
             # by position would leave them as they are (sorting the ints is cheap).
-            if found != sorted(found):
-                positions = dict(zip(keys, found, strict=True))
+            if known != sorted(known):
+                positions = dict(zip(keys, known, strict=True))
                 keys = sorted(keys, key=positions.__getitem__)
         groups.append(tuple(keys))
     out = RequestKeyGroups(groups)

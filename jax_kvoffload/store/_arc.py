@@ -54,7 +54,7 @@ class ARCPolicy(AbstractEvictionPolicy, BatchHooks):
         # Every key of t1 and t2, so that `get` (the manager's hottest call) is one
         # C-level dict lookup instead of a Python method probing two lists.
         self._index: dict[OffloadKey, ChunkStatus] = {}
-        self.get = self._index.get  # type: ignore[method-assign]
+        self.get = self._index.get  # type: ignore[method-assign, assignment]
 
     def _adapt_to_ghost_hit(self, key: OffloadKey) -> None:
         if key in self.b1:

@@ -10,12 +10,17 @@ starts with vLLM's wording so logs read the same.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from jax_kvoffload.errors import (
     KVOffloadError,
     KVOffloadStateError,
     KVOffloadTypeError,
     KVOffloadValueError,
 )
+
+if TYPE_CHECKING:
+    from ._keys import OffloadKey
 
 __all__ = [
     "CapacityError",
@@ -46,7 +51,7 @@ class KeyNotStoredError(StoreError):
     `key` is the key refused (set where `prepare_load` refuses it).
     """
 
-    key: bytes | None = None
+    key: OffloadKey | None = None
 
 
 class KeyNotReadyError(StoreError):
@@ -56,7 +61,7 @@ class KeyNotReadyError(StoreError):
     ``complete_store(keys, success=True)``. `key` is the key refused.
     """
 
-    key: bytes | None = None
+    key: OffloadKey | None = None
 
 
 class KeyNotPinnedError(StoreError):

@@ -113,7 +113,7 @@ def check_keys(keys: Iterable[object], name: str = "keys") -> list[OffloadKey]:
         if (type(key) is not bytes and not isinstance(key, bytes)) or len(key) < GROUP_IDX_BYTES:
             break
     else:
-        return out  # type: ignore[return-value]
+        return out
     for key in out:
         if not isinstance(key, bytes):
             raise StoreTypeError(

@@ -41,7 +41,8 @@ class _RequestRank:
     rank: int
 
 
-_no_position = {}.get  # the positions of no context: None for every key
+_NO_POSITIONS: dict[bytes, int] = {}
+_no_position = _NO_POSITIONS.get  # the positions of no context: None for every key
 
 
 def _position_error(position: object) -> StoreError:
@@ -73,7 +74,7 @@ class LRUPolicy(AbstractEvictionPolicy, BatchHooks):
     def __init__(self, cache_capacity: int) -> None:
         super().__init__(cache_capacity)
         self._chunks: dict[OffloadKey, ChunkStatus] = {}
-        self.get = self._chunks.get  # type: ignore[method-assign]  # C-level hot path
+        self.get = self._chunks.get  # type: ignore[method-assign, assignment]  # C-level hot path
         self._ranks: dict[OffloadKey, int] = {}  # coded, see _SCALE
         self._evictable: set[OffloadKey] = set()
         self._heap: list[tuple[int, OffloadKey]] = []

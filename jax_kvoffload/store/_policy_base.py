@@ -54,7 +54,7 @@ class ChunkStatus:
         return f"ChunkStatus(chunk_id={self.chunk_id}, ref_cnt={self.ref_cnt})"
 
 
-class RequestKeyGroups(tuple):
+class RequestKeyGroups(tuple[tuple[OffloadKey, ...], ...]):
     """The ``key_groups`` the store passes to ``on_request_finished``: a plain tuple of
     per-group tuples that also carries ``head_to_tail``, what ``order_request_keys``
     returns for it (computed while the store read the same positions)."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
+from typing import TypeGuard
 
 from ._arc import ARCPolicy
 from ._errors import (
@@ -17,11 +18,19 @@ from ._errors import (
 from ._lru import LRUPolicy
 from ._policy_base import AbstractEvictionPolicy
 
-__all__ = ["add_policy_resolver", "get_policy_class", "policy_names", "register_policy"]
+__all__ = [
+    "add_policy_resolver",
+    "get_policy_class",
+    "policy_names",
+    "register_policy",
+    "unregister_policy",
+]
 
 PolicyResolver = Callable[[str], "type[AbstractEvictionPolicy] | None"]
 
+# The registry: one line per built-in policy; others by `register_policy` at run time.
 _POLICIES: dict[str, type[AbstractEvictionPolicy]] = {"lru": LRUPolicy, "arc": ARCPolicy}
+_BUILTIN = frozenset(_POLICIES)
 # Consulted, in order, for names not registered here (the vLLM bridge adds one that
 # reads vLLM's CachePolicyFactory, so the store never imports vLLM itself).
 _RESOLVERS: list[PolicyResolver] = []
@@ -32,7 +41,7 @@ def policy_names() -> tuple[str, ...]:
     return tuple(_POLICIES)
 
 
-def _is_policy_class(cls: object) -> bool:
+def _is_policy_class(cls: object) -> TypeGuard[type[AbstractEvictionPolicy]]:
     return isinstance(cls, type) and issubclass(cls, AbstractEvictionPolicy)
 
 
@@ -56,6 +65,22 @@ def register_policy(name: str, cls: type[AbstractEvictionPolicy]) -> None:
     if name in _POLICIES:
         raise DuplicatePolicyError(DUPLICATE_POLICY_MESSAGE.format(name=name))
     _POLICIES[name] = cls
+
+
+def unregister_policy(name: str) -> type[AbstractEvictionPolicy]:
+    """Removes a policy registered with `register_policy` and returns its class (the
+    built-in "lru" and "arc" stay).
+
+    Raises:
+      UnknownPolicyError: if ``name`` is not registered, or is a built-in.
+    """
+    if name in _BUILTIN or name not in _POLICIES:
+        what = "a built-in policy" if name in _BUILTIN else "not registered"
+        raise UnknownPolicyError(
+            f"eviction policy {name!r} is {what}; registered with register_policy: "
+            f"{[n for n in _POLICIES if n not in _BUILTIN]}"
+        )
+    return _POLICIES.pop(name)
 
 
 def add_policy_resolver(resolver: PolicyResolver) -> None:

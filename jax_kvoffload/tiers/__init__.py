@@ -1,7 +1,7 @@
-"""Secondary tiers behind the host store: a crash-safe disk tier and a shared tier on a
-Redis-protocol server or cluster (docs/tiers.md).
+"""Secondary tiers behind the host store: a crash-safe disk tier, a shared tier on a
+Redis-protocol server or cluster, and one on a Mooncake Store (docs/tiers.md).
 
-Both implement `SecondaryTier` (the contract is its docstring) and store self-describing
+Each implements `SecondaryTier` (the contract is its docstring) and store self-describing
 entries (`_entry.py`): a header with the namespace digest of the engine's
 `OffloadingConfig`, the key, the length and a CRC32C of the payload. A hit never returns
 wrong bytes. `open_tier(config, namespace)` builds a tier from its typed configuration
@@ -14,6 +14,7 @@ time (CONTRIBUTING.md, "Adding a tier").
 """
 
 from jax_kvoffload.config import DiskTierConfig as DiskTierConfig
+from jax_kvoffload.config import MooncakeTierConfig as MooncakeTierConfig
 from jax_kvoffload.config import RedisTierConfig as RedisTierConfig
 from jax_kvoffload.config import TierConfig as TierConfig
 from jax_kvoffload.config import TierConfigError as TierConfigError
@@ -41,6 +42,7 @@ from jax_kvoffload.tiers._errors import TierStateError as TierStateError
 from jax_kvoffload.tiers._errors import UnsafeDirectoryError as UnsafeDirectoryError
 from jax_kvoffload.tiers._factory import open_tier as open_tier
 from jax_kvoffload.tiers._factory import tier_class as tier_class
+from jax_kvoffload.tiers._mooncake import MooncakeTier as MooncakeTier
 from jax_kvoffload.tiers._redis import RedisTier as RedisTier
 from jax_kvoffload.tiers._redis import RedisTopology as RedisTopology
 
@@ -50,6 +52,8 @@ __all__ = [
     "DirectIOUnavailableError",
     "DiskTier",
     "DiskTierConfig",
+    "MooncakeTier",
+    "MooncakeTierConfig",
     "RedisTier",
     "RedisTierConfig",
     "RedisTopology",

@@ -29,7 +29,7 @@ _AMBIGUOUS = (
 )
 
 
-class KeyFlags(tuple):
+class KeyFlags(tuple[bool, ...]):
     """`TierJobResult.ok`: one bool per key, in submission order; a tuple that refuses
     to be read as one truth value (`if result.ok:` was true for a job whose every key
     failed: a non-empty tuple is truthy)."""

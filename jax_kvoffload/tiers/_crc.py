@@ -162,7 +162,7 @@ def _bytewise(buf: np.ndarray, value: int) -> int:
 
 def _pick() -> tuple[str, Callable[[Any, int], int]]:
     try:
-        import google_crc32c  # type: ignore[import-not-found]
+        import google_crc32c
 
         if getattr(google_crc32c, "implementation", "") == "c":
             extend = google_crc32c.extend
@@ -172,16 +172,18 @@ def _pick() -> tuple[str, Callable[[Any, int], int]]:
                 # numpy arrays), not memoryviews: a numpy view costs nothing.
                 if not isinstance(data, (bytes, np.ndarray)):
                     data = np.frombuffer(memoryview(data).cast("B"), dtype=np.uint8)
-                return extend(value, data)
+                crc: int = extend(value, data)
+                return crc
 
             return "google_crc32c", _google
     except ImportError:
         pass
     try:
-        import crc32c as _crc32c_pkg  # type: ignore[import-not-found]
+        import crc32c as _crc32c_pkg
 
         def _icrar(data: Any, value: int = 0) -> int:
-            return _crc32c_pkg.crc32c(data, value)
+            crc: int = _crc32c_pkg.crc32c(data, value)
+            return crc
 
         return "crc32c", _icrar
     except ImportError:

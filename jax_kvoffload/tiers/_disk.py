@@ -62,7 +62,7 @@ from jax_kvoffload.tiers._errors import (
     TierStateError,
     buffer_size_error,
 )
-from jax_kvoffload.tiers._job_runner import JobRunner
+from jax_kvoffload.tiers._job_runner import JobRunner, TaskFn, TaskResult
 
 __all__ = ["DiskTier"]
 
@@ -126,7 +126,7 @@ class DiskTier(SecondaryTier):
                 f"directories) in the tier "
                 f"directory {config.path!r}: {e.strerror or e}"
             ) from None
-        except BaseException:
+        except BaseException:  # on any exit: the directory descriptors are closed
             self._close_fds()
             raise
         probed = config.direct_io != "off" and probe_direct_io(self._ns_fd)
@@ -144,7 +144,8 @@ class DiskTier(SecondaryTier):
         self._scan_done = threading.Event()  # the start-up scan ended
         self._scan_exited = threading.Event()  # and the delayed sweep after it
         self._scan_stop = threading.Event()
-        self._runner: JobRunner | None = None
+        # None only until the constructor has made it (close() after a failed one).
+        self._runner: JobRunner = None  # type: ignore[assignment]
         self._scanner: threading.Thread | None = None
         try:  # threads: one that cannot start stops those before it (out of threads)
             if config.fsync:
@@ -162,7 +163,7 @@ class DiskTier(SecondaryTier):
                 target=self._rescan, name="disk-tier-rescan", daemon=True
             )
             start_threads([self._scanner], **TIER_THREADS)
-        except BaseException:
+        except BaseException:  # on any exit: the threads and descriptors go
             self._scan_exited.set()  # no scanner runs
             self._close_io()
             raise
@@ -244,8 +245,8 @@ class DiskTier(SecondaryTier):
 
     # ---- store ---------------------------------------------------------------------------
 
-    def _store_task(self, key: bytes, payload: memoryview):
-        def run(stage: StagingBuffer):
+    def _store_task(self, key: bytes, payload: memoryview) -> TaskFn:
+        def run(stage: StagingBuffer) -> TaskResult | cf.Future[TaskResult]:
             done = self._store_one(stage, key, payload)
             if isinstance(done, cf.Future):  # the syncer reports it
                 return then(done, lambda r: ([r[0]], r[1]))
@@ -349,8 +350,8 @@ class DiskTier(SecondaryTier):
 
     # ---- load ----------------------------------------------------------------------------
 
-    def _load_task(self, index: int, key: bytes, out: memoryview):
-        def run(stage: StagingBuffer):
+    def _load_task(self, index: int, key: bytes, out: memoryview) -> TaskFn:
+        def run(stage: StagingBuffer) -> TaskResult:
             ok = self._load_one(stage, key, out)
             self._counters.add(load_hits=ok is True, load_misses=ok is not True)
             if ok is True:

@@ -189,7 +189,7 @@ def open_private_root(path: str) -> int:
         raise _cannot(path, e) from None
     try:
         _check_private(fd, path)
-    except BaseException:
+    except BaseException:  # on any exit: the descriptor is closed
         os.close(fd)
         raise
     return fd
@@ -215,7 +215,7 @@ def open_private_dir(parent_fd: int, name: str, where: str) -> tuple[int, bool]:
         if created:
             exact_mode(fd, 0o700)
         _check_private(fd, f"{where}/{name}")
-    except BaseException:
+    except BaseException:  # on any exit: the descriptor is closed
         os.close(fd)
         raise
     return fd, created
@@ -376,7 +376,7 @@ def open_regular(name: str, dir_fd: int, flags: int = 0) -> tuple[int, os.stat_r
         return -1, os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
     try:
         now = os.fstat(fd)
-    except BaseException:
+    except BaseException:  # on any exit: the descriptor is closed
         os.close(fd)
         raise
     if describe_file(now) is not None:

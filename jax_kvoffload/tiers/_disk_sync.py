@@ -46,11 +46,16 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from types import EllipsisType
+from typing import TypeVar, cast
 
 from jax_kvoffload._threads import start_threads
 from jax_kvoffload.tiers._disk_fs import describe_file, open_regular
 from jax_kvoffload.tiers._errors import TIER_THREADS
+
+T = TypeVar("T")
+U = TypeVar("U")
 
 __all__ = ["SYNCFS", "Syncer", "then", "unlink_quietly"]
 
@@ -101,7 +106,9 @@ class Syncer:
         (None: per-file and per-directory fsyncs).
     """
 
-    def __init__(self, ns_fd: int, name: str, syncfs: Callable[[int], None] | None = ...) -> None:
+    def __init__(
+        self, ns_fd: int, name: str, syncfs: Callable[[int], None] | EllipsisType | None = ...
+    ) -> None:
         self._ns_fd = ns_fd
         self._syncfs = SYNCFS if syncfs is ... else syncfs
         self._queue: deque[_Item] = deque()
@@ -183,11 +190,11 @@ class Syncer:
                 else:
                     item.future.set_result(errors.get(i))
 
-    def _barrier_files(self, batch: list[_Item], whole: bool, errors: dict) -> None:
-        alone = range(len(batch))
+    def _barrier_files(self, batch: list[_Item], whole: bool, errors: dict[int, OSError]) -> None:
+        alone: Sequence[int] = range(len(batch))
         if whole:
             try:
-                self._syncfs(self._ns_fd)
+                cast(Callable[[int], None], self._syncfs)(self._ns_fd)
             except OSError as e:
                 self._syncfs_failed_at = time.monotonic()
                 errors.update(dict.fromkeys(range(len(batch)), e))
@@ -209,7 +216,7 @@ class Syncer:
             except OSError as e:
                 errors[i] = e
 
-    def _barrier_names(self, batch: list[_Item], whole: bool, errors: dict) -> None:
+    def _barrier_names(self, batch: list[_Item], whole: bool, errors: dict[int, OSError]) -> None:
         # A rename that is not known durable is reported as a failed store; the file
         # stays (its bytes are whole and checked on every read).
         live = [i for i in range(len(batch)) if i not in errors]
@@ -217,7 +224,7 @@ class Syncer:
             return
         if whole:
             try:
-                self._syncfs(self._ns_fd)
+                cast(Callable[[int], None], self._syncfs)(self._ns_fd)
             except OSError as e:
                 self._syncfs_failed_at = time.monotonic()
                 errors.update(dict.fromkeys(live, e))
@@ -238,15 +245,15 @@ def unlink_quietly(dir_fd: int, name: str) -> None:
         os.unlink(name, dir_fd=dir_fd)
 
 
-def then(future: cf.Future, fn) -> cf.Future:
+def then(future: cf.Future[T], fn: Callable[[T], U]) -> cf.Future[U]:
     """A future of `fn(future.result())`; it always completes (with fn's exception if
     fn raises), so a job waiting on it never hangs."""
-    out: cf.Future = cf.Future()
+    out: cf.Future[U] = cf.Future()
 
-    def done(f: cf.Future) -> None:
+    def done(f: cf.Future[T]) -> None:
         try:
             out.set_result(fn(f.result()))
-        except BaseException as e:
+        except BaseException as e:  # any failure: the future must complete
             out.set_exception(e)
 
     future.add_done_callback(done)

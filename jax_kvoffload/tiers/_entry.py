@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from jax_kvoffload.config import OffloadingConfig
-from jax_kvoffload.config.canonical import canonical_format_id
+from jax_kvoffload.config.canonical import CANONICAL_FORMAT_VERSION, canonical_format_id
 from jax_kvoffload.errors import KVOffloadTypeError, KVOffloadValueError
 from jax_kvoffload.tiers._crc import crc32c
 
@@ -154,9 +154,10 @@ def namespace_fields(
         JSON value. None: the config's `kv_cache_layout` says it (vLLM's engines).
 
     Topology (tp/pp/pcp/dcp sizes, world size) is left out when the bytes do not depend
-    on it: `parallel.is_parallelism_agnostic` (canonical pages, or every worker's direct
-    bytes concatenated) or a replicated layout, with `rank=None`. Then an engine of
-    another tensor-parallel size reads the same entries (vLLM's FileMapper rule). The
+    on it, with `rank=None`: canonical pages with `parallel.is_parallelism_agnostic`, a
+    replicated layout, or one worker's direct pages (agnostic). Then an engine of another
+    tensor-parallel size reads the same entries (vLLM's FileMapper rule, but for direct
+    pages of several workers, whose rows another TP size arranges differently). The
     physical layout name is always in: vLLM leaves it out for the direct layout, where
     NHD and HND caches would read each other's bytes.
     """
@@ -176,9 +177,7 @@ def namespace_fields(
             json.dumps(pages, sort_keys=True)
         except (TypeError, ValueError) as e:
             raise KVOffloadTypeError(f"pages must be a JSON value, got {pages!r}: {e}") from None
-    portable = rank is None and (
-        config.parallel.is_parallelism_agnostic or config.replicated_layout
-    )
+    portable = rank is None and (config.replicated_layout or _agnostic_rows(config))
     fields: dict[str, Any] = {
         "model": config.model.name,
         "dtype": config.model.dtype,
@@ -193,11 +192,7 @@ def namespace_fields(
             for g in config.groups
         ],
         "kv_cache_layout": config.kv_cache_layout,
-        "canonical_format": (
-            canonical_format_id(config.kv_cache_layout)
-            if config.canonical_layout and config.kv_cache_layout is not None
-            else None
-        ),
+        "canonical_format": _canonical_format(config),
         "replicated_layout": config.replicated_layout,
         "codec": codec,
     }
@@ -215,6 +210,31 @@ def namespace_fields(
             "rank": rank,
         }
     return fields
+
+
+def _agnostic_rows(config: OffloadingConfig) -> bool:
+    """Whether rows holding every worker's bytes of a chunk read the same at any TP size.
+
+    vLLM's `is_parallelism_agnostic` claims it for direct pages too, but a row of direct
+    pages holds each worker's slice of every layer in that worker's own area: at another
+    TP size the same KV sits in other bytes of a row of the same length (an NHD engine at
+    TP=4 would read a TP=2 engine's rows as its own, every CRC valid). So direct rows of
+    several workers keep the topology; canonical pages, and one worker's pages, do not."""
+    p = config.parallel
+    return p.is_parallelism_agnostic and (config.canonical_layout or p.world_size <= 1)
+
+
+def _canonical_format(config: OffloadingConfig) -> str | None:
+    """The canonical byte format's id, or None for per-rank (direct) pages.
+
+    Never None with `canonical_layout`: a config that names no `kv_cache_layout` (a JAX
+    engine's: its `pages` say the encoding) gets `"v1-engine-pages"`, so a canonical entry
+    and a per-rank one never share a namespace, even where the topology is left out."""
+    if not config.canonical_layout:
+        return None
+    if config.kv_cache_layout is None:
+        return f"v{CANONICAL_FORMAT_VERSION}-engine-pages"
+    return canonical_format_id(config.kv_cache_layout)
 
 
 def namespace_digest(

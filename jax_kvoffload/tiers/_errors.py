@@ -3,7 +3,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TypedDict
+
 from jax_kvoffload.errors import KVOffloadStateError, KVOffloadValueError
+
+if TYPE_CHECKING:
+    from jax_kvoffload.tiers._base import TierJobResult
 
 
 class TierStateError(KVOffloadStateError):
@@ -36,7 +42,7 @@ class TierBufferSizeError(TierKeyError):
     it once every key of the job has finished; `result` is the job's `TierJobResult`
     (the other keys' outcomes)."""
 
-    result = None  # the job's TierJobResult, set before the future raises
+    result: TierJobResult | None = None  # the job's TierJobResult, set before the future raises
 
 
 def buffer_size_error(index: int, got: int, stored: int, where: str) -> TierBufferSizeError:
@@ -51,7 +57,15 @@ def buffer_size_error(index: int, got: int, stored: int, where: str) -> TierBuff
 
 
 # How a tier says it cannot start a thread (`jax_kvoffload._threads.start_threads`).
-TIER_THREADS = {
+class ThreadErrorArgs(TypedDict):
+    """The keyword arguments of `start_threads` that say who failed and how to fix it."""
+
+    error: Callable[[str], BaseException]
+    owner: str
+    fix: str
+
+
+TIER_THREADS: ThreadErrorArgs = {
     "error": TierStateError,
     "owner": "the tier",
     "fix": "give the tier fewer read/write threads",

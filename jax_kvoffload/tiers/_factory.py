@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import importlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from jax_kvoffload.config import TierConfig, TierConfigError, VllmTierConfig
@@ -51,4 +51,6 @@ def open_tier(
             f"({', '.join(k.config.__name__ for k in tier_kinds())}), got "
             f"{type(config).__name__}"
         )
-    return tier_class(kind)(config, namespace, describe=describe)
+    # Every kind's class opens as (config, namespace, describe=...): the registry's rule.
+    opener: Callable[..., SecondaryTier] = tier_class(kind)
+    return opener(config, namespace, describe=describe)

@@ -11,15 +11,15 @@ slow tier. Every job's future completes exactly once, also when the runner close
 from __future__ import annotations
 
 import concurrent.futures as cf
-import contextlib
+import functools
 import logging
-import signal
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from jax_kvoffload._interrupts import deferred_interrupts
 from jax_kvoffload._threads import start_threads
 from jax_kvoffload.tiers._base import Counters, TierJobResult
 from jax_kvoffload.tiers._errors import TIER_THREADS, TierBufferSizeError
@@ -141,7 +141,7 @@ class JobRunner:
         keys, tasks = tuple(keys), list(tasks)
         cost = nbytes if kind == "store" else 0
         job = _Job(kind, keys, len(tasks), cost)
-        with _sigint_held(), self._cond:
+        with deferred_interrupts(), self._cond:
             if self._stop:
                 return self._done_now(job, dropped=kind == "store")
             if kind == "store":
@@ -199,9 +199,7 @@ class JobRunner:
                     continue
                 if isinstance(result, cf.Future):
                     result.add_done_callback(
-                        lambda f, job=job, start=start, stop=stop: self._finish_checked(
-                            job, start, stop, f
-                        )
+                        functools.partial(self._finish_checked, job, start, stop)
                     )
                 else:
                     self._finish_checked(job, start, stop, result)
@@ -212,7 +210,13 @@ class JobRunner:
             finally:
                 self._exited[threading.current_thread().name].set()
 
-    def _finish_checked(self, job: _Job, start: int, stop: int, result: Any) -> None:
+    def _finish_checked(
+        self,
+        job: _Job,
+        start: int,
+        stop: int,
+        result: TaskResult | cf.Future[TaskResult] | BaseException,
+    ) -> None:
         """Finishes a task from what it returned: a result, a done future of one, or the
         exception it raised (logged and counted; its keys failed)."""
         try:
@@ -223,7 +227,7 @@ class JobRunner:
             oks, moved, *error = result
             if len(oks) != stop - start or len(error) > 1:  # a bug in the tier, not I/O
                 raise AssertionError(f"task returned {len(oks)} results for {stop - start}")
-        except BaseException:
+        except BaseException:  # any failure of a task (a bug too): its keys failed
             logger.exception("tier %s task failed; its %d keys failed", job.kind, stop - start)
             self._counters.add(errors=1)
             oks, moved, error = [False] * (stop - start), 0, []
@@ -262,28 +266,3 @@ class JobRunner:
             job.future.set_exception(job.error)
         else:
             job.future.set_result(result)
-
-
-@contextlib.contextmanager
-def _sigint_held():
-    """Holds SIGINT (Ctrl-C) until the block ends, then delivers it (main thread only:
-    Python runs signal handlers there alone). The same as the transfer package's
-    `deferred_interrupts`, which tiers may not import."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    try:
-        previous = signal.getsignal(signal.SIGINT)
-    except ValueError:  # an interpreter without signals here
-        previous = None
-    if previous is None or previous in (signal.SIG_IGN, signal.SIG_DFL):
-        yield  # not a Python handler: nothing to hold (or nothing raises)
-        return
-    received: list[int] = []
-    signal.signal(signal.SIGINT, lambda signum, frame: received.append(signum))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-        if received:
-            signal.raise_signal(signal.SIGINT)

@@ -25,6 +25,7 @@ import ssl
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from jax_kvoffload._log_once import log_once
 from jax_kvoffload.config import RedisTierConfig, TierConfigError
@@ -33,11 +34,11 @@ from jax_kvoffload.tiers._base import Buffer, SecondaryTier, TierJobResult
 from jax_kvoffload.tiers._checks import check_items, check_keys
 from jax_kvoffload.tiers._crc import warn_if_slow
 from jax_kvoffload.tiers._errors import buffer_size_error
-from jax_kvoffload.tiers._job_runner import JobRunner
+from jax_kvoffload.tiers._job_runner import JobRunner, TaskResult
 from jax_kvoffload.tiers._redis_cluster import Router
 from jax_kvoffload.tiers._redis_exchange import Exchange
 from jax_kvoffload.tiers._redis_nodes import NodeHealth, NodeLinks
-from jax_kvoffload.tiers._redis_ops import ExistsOp, GetOp, SetOp, is_bad
+from jax_kvoffload.tiers._redis_ops import ExistsOp, GetOp, Op, SetOp, is_bad
 from jax_kvoffload.tiers._resp import Endpoint, RespServerError
 from jax_kvoffload.tiers._slots import Address
 
@@ -130,12 +131,12 @@ class _Thread:
         self.links = NodeLinks(tier._router.connection)
         self.exchange = Exchange(tier._router, tier._health, self.links)
 
-    def run(self, op, rkeys):
+    def run(self, op: Op, rkeys: list[bytes]) -> list[Any]:
         """`exchange.run`; an unexpected exception (the job runner fails the task) closes
         the connections, so the thread's next task never reads this one's replies."""
         try:
             return self.exchange.run(op, rkeys)
-        except BaseException:
+        except BaseException:  # on any exit: no half-read connection is reused
             self.links.close()
             raise
 
@@ -147,7 +148,11 @@ class RedisTier(SecondaryTier):
     medium = "remote"
 
     def __init__(
-        self, config: RedisTierConfig, namespace: bytes, *, describe: Mapping | None = None
+        self,
+        config: RedisTierConfig,
+        namespace: bytes,
+        *,
+        describe: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__(namespace)  # `describe`: a server keeps no file beside the entries
         if not isinstance(config, RedisTierConfig):
@@ -281,7 +286,9 @@ class RedisTier(SecondaryTier):
 
     # ---- I/O ---------------------------------------------------------------------------
 
-    def _store_batch(self, state: _Thread, items) -> tuple[list[bool], int]:
+    def _store_batch(
+        self, state: _Thread, items: Sequence[tuple[bytes, memoryview]]
+    ) -> tuple[list[bool], int]:
         rkeys = [self.key_of(k) for k, _ in items]
         replies = state.run(SetOp(self._namespace, rkeys, items, self.config.ttl_s), rkeys)
         oks = [r == "OK" for r in replies]
@@ -301,7 +308,9 @@ class RedisTier(SecondaryTier):
         )
         return oks, moved
 
-    def _load_batch(self, state: _Thread, items, first: int):
+    def _load_batch(
+        self, state: _Thread, items: Sequence[tuple[bytes, memoryview]], first: int
+    ) -> TaskResult:
         """Loads `items` (the job's from index `first` on): per key verified or not, the
         bytes moved, and the first buffer of the wrong length (a caller's error)."""
         rkeys = [self.key_of(k) for k, _ in items]

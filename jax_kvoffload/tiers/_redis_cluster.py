@@ -22,6 +22,7 @@ import dataclasses
 import logging
 import threading
 import time
+from typing import cast
 
 from jax_kvoffload._log_once import log_once
 from jax_kvoffload.tiers._redis_nodes import NodeHealth
@@ -80,7 +81,9 @@ class Router:
         self.mode = mode
         # A unix socket is a standalone server's (the config refuses it with a cluster).
         self.seed: Address = (
-            (endpoint.unix_path, 0) if endpoint.unix_path else (endpoint.host, endpoint.port)
+            (endpoint.unix_path, 0)
+            if endpoint.unix_path
+            else (cast(str, endpoint.host), endpoint.port)
         )
         self.seeds = (self.seed, *seeds)
         self._loopback_only = all(is_loopback(host) for host, _ in self.seeds)

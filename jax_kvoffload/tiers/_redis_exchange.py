@@ -71,7 +71,8 @@ class Exchange:
     def run(self, op: Op, rkeys: list[bytes]) -> list[Any]:
         """Per item: the reply its node gave last (after redirects), or FAILED."""
         out: list[Any] = [FAILED] * len(rkeys)
-        todo, asks = list(range(len(rkeys))), {}
+        todo = list(range(len(rkeys)))
+        asks: dict[int, Address] = {}
         for _ in range(MAX_ROUNDS):
             self._router.refresh()
             groups: dict[tuple[Address, bool], list[int]] = {}
@@ -87,7 +88,8 @@ class Exchange:
                 got = self._send(node, parts)
                 if got is not None:
                     sent.append((node, asking, items, parts, *got))
-            todo, asks, moves = [], {}, {}
+            moves: dict[int, Address] = {}
+            todo, asks = [], {}
             for node, asking, items, parts, conn, retry in sent:
                 replies = self._read(node, conn, retry, parts, op, items, asking)
                 for i, reply in zip(items, replies, strict=True):
@@ -123,7 +125,7 @@ class Exchange:
         )
 
     def _redirect(
-        self, reply: RespServerError, node: Address, moves: dict
+        self, reply: RespServerError, node: Address, moves: dict[int, Address]
     ) -> tuple[Address, bool] | None:
         """Where a redirect reply sends its key (and whether with ASKING), or None."""
         text = str(reply)

@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from jax_kvoffload._threads import start_threads
 
@@ -80,7 +80,7 @@ _MAX_STUCK_LOOKUPS = 8
 _lookups_running = threading.BoundedSemaphore(_MAX_STUCK_LOOKUPS)
 
 
-def _resolve(host: str, port: int, timeout: float) -> list[tuple]:
+def _resolve(host: str, port: int, timeout: float) -> list[tuple[Any, ...]]:
     """`getaddrinfo` bounded by `timeout`: a literal address at once, a name on a daemon
     thread (the C resolver has no timeout of its own: a slow DNS server held a connect
     for its own retries, 5 s or more per server, past `connect_timeout_s`)."""
@@ -131,7 +131,7 @@ def _connect_tcp(host: str, port: int, timeout: float) -> socket.socket:
         except OSError as e:
             sock.close()
             error = e
-        except BaseException:  # Ctrl-C in connect(): not left to the garbage collector
+        except BaseException:  # on any exit (Ctrl-C in connect()): the socket is closed
             sock.close()
             raise
     raise error or TimeoutError(f"connecting to {host}:{port} took longer than {timeout:g} s")
@@ -172,14 +172,14 @@ class RespConnection:
                 sock.settimeout(ep.connect_timeout_s)
                 sock.connect(ep.unix_path)
             else:
-                sock = _connect_tcp(ep.host, ep.port, ep.connect_timeout_s)
+                sock = _connect_tcp(cast(str, ep.host), ep.port, ep.connect_timeout_s)
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
                 with contextlib.suppress(OSError):
                     sock.setsockopt(socket.SOL_SOCKET, opt, _SOCK_BUF)
             if ep.tls is not None:
                 sock = ep.tls.wrap_socket(sock, server_hostname=ep.server_name or ep.host)
-        except BaseException as e:
+        except BaseException as e:  # on any exit: the socket is closed
             # Closed now, not when the error is freed: its traceback holds this frame,
             # and a log handler that keeps errors kept a socket per attempt.
             if sock is not None:
@@ -192,7 +192,7 @@ class RespConnection:
         self._start = self._end = 0
         try:
             if ep.password is not None:
-                auth = (b"AUTH",)
+                auth: tuple[bytes, ...] = (b"AUTH",)
                 if ep.username:
                     auth += (ep.username.encode(),)
                 self.call(*auth, ep.password.encode())

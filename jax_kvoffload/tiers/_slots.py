@@ -249,7 +249,8 @@ def parse_shards(reply: Any, asked: str, *, tls: bool, loopback_only: bool) -> S
         slots, nodes = shard.get("slots"), shard.get("nodes")
         if not isinstance(slots, list) or len(slots) % 2 or not isinstance(nodes, list):
             raise SlotMapError(f"shard {i} has no list of slot ranges and of nodes")
-        primaries, others = [], []
+        primaries: list[Address] = []
+        others: list[Address] = []
         for j, raw_node in enumerate(nodes):
             node = _flat_map(raw_node, f"node {j} of shard {i}")
             port_key = "tls-port" if tls and "tls-port" in node else "port"

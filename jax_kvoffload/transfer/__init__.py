@@ -13,6 +13,9 @@ from jax_kvoffload.transfer._canonical import group_layer_pages as group_layer_p
 from jax_kvoffload.transfer._canonical import layer_view as layer_view
 from jax_kvoffload.transfer._canonical import plan_for_group as plan_for_group
 from jax_kvoffload.transfer._canonical import plan_for_padded_page as plan_for_padded_page
+from jax_kvoffload.transfer._canonical_global import (
+    canonical_group_caches as canonical_group_caches,
+)
 from jax_kvoffload.transfer._canonical_global import check_global_caches as check_global_caches
 from jax_kvoffload.transfer._canonical_pool import CanonicalPoolView as CanonicalPoolView
 from jax_kvoffload.transfer._canonical_pool import plans_for_rank as plans_for_rank
@@ -39,6 +42,7 @@ __all__ = [
     "TransferStateError",
     "bucket_sizes",
     "canonical_block_bytes",
+    "canonical_group_caches",
     "check_global_caches",
     "group_layer_pages",
     "layer_view",

@@ -8,8 +8,13 @@ bytes are moved twice.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import TypeVar
+
 from jax_kvoffload.hostmem.internals import check_index
 from jax_kvoffload.transfer._errors import TransferError
+
+T = TypeVar("T")
 
 _MAX_BUCKET = 2**30
 
@@ -37,9 +42,10 @@ def bucket_sizes(n: int, max_bucket: int) -> list[int]:
     return sizes
 
 
-def split(items: list, max_bucket: int) -> list[list]:
+def split(items: Sequence[T], max_bucket: int) -> list[Sequence[T]]:
     """`items` cut into consecutive pieces of `bucket_sizes(len(items), max_bucket)`."""
-    out, start = [], 0
+    out: list[Sequence[T]] = []
+    start = 0
     for size in bucket_sizes(len(items), max_bucket):
         out.append(items[start : start + size])
         start += size

@@ -7,9 +7,9 @@ at the hand-over names the group, the array and the fix.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import jax
 import numpy as np
@@ -18,6 +18,7 @@ import pallas_kernels as pk
 from jax_kvoffload.config.internals import checked_arguments, sub_byte_bits
 from jax_kvoffload.errors import KVOffloadTypeError
 from jax_kvoffload.transfer._errors import TransferError, TransferStateError
+from jax_kvoffload.transfer._rpa_pages import check_rpa_heads, host_page_shape, relays
 
 
 def _buffers(array: jax.Array) -> list[int]:
@@ -109,7 +110,8 @@ def check_distinct(arrays: Iterable[jax.Array], where: str) -> None:
 @checked_arguments
 @dataclass
 class GroupCaches:
-    """A group's device KV arrays (one per layer, or K and V) and their `KVLayout`.
+    """A group's device KV arrays (one per layer, or K and V) and their `KVLayout`
+    (or its name, e.g. "rpa" for ragged-paged-attention v3 caches: `pk.LAYOUT_NAMES`).
 
     The arrays are checked on construction: jax.Arrays (not numpy), one shape and
     dtype, a rank that fits `layout`, at least one block, no array twice.
@@ -117,28 +119,78 @@ class GroupCaches:
 
     arrays: list[jax.Array]
     layout: pk.KVLayout
+    #: RPA caches only: the model's KV heads, for canonical host pages (`_rpa_pages`).
+    canonical_kv_heads: int | None = None
+
+    if TYPE_CHECKING:
+        # What the constructor takes: __post_init__ makes the fields' types of both.
+        def __init__(
+            self,
+            arrays: Sequence[jax.Array],
+            layout: pk.KVLayout | str,
+            canonical_kv_heads: int | None = None,
+        ) -> None: ...
 
     def __post_init__(self) -> None:
+        if isinstance(self.layout, str):  # a layout name: "rpa", "nhd_second", ...
+            self.layout = layout_named(self.layout, "GroupCaches")
         if not isinstance(self.layout, pk.KVLayout):
             raise KVOffloadTypeError(
-                f"layout must be a pallas_kernels.KVLayout (e.g. KVLayout.nhd()), got "
-                f"{type(self.layout).__name__}"
+                f"layout must be a pallas_kernels.KVLayout (e.g. KVLayout.nhd()) or one of "
+                f"the names {list(pk.LAYOUT_NAMES)}, got {type(self.layout).__name__}"
             )
         self.arrays = check_arrays(self.arrays, self.layout, "GroupCaches")
+        if self.canonical_kv_heads is not None:
+            self.canonical_kv_heads = check_rpa_heads(
+                self.arrays, self.layout, self.canonical_kv_heads, "GroupCaches"
+            )
+
+    @property
+    def host_page_shape(self) -> tuple[int, ...]:
+        """`(arrays, *page)` of one block in host rows (canonical RPA pages: heads
+        `canonical_kv_heads`, per-shard padding dropped)."""
+        return host_page_shape(self.arrays, self.layout, self.canonical_kv_heads)
+
+    @property
+    def relays(self) -> bool:
+        """The host pages are not the gathered bytes: stores and loads relay them."""
+        return relays(self.arrays, self.canonical_kv_heads)
 
     @property
     def block_bytes(self) -> int:
-        """Bytes of one block across every array of the group (one staging entry)."""
-        first = self.arrays[0]
-        return _page_bytes(first, self.layout) * len(self.arrays)
+        """Bytes of one block across every array of the group (one host row's block)."""
+        return int(np.prod(self.host_page_shape)) * np.dtype(self.arrays[0].dtype).itemsize
+
+    def check_replacement(self, arrays: list[jax.Array], where: str) -> None:
+        """Refuses arrays that would change the host pages: the same count, shapes and
+        dtypes as now, except that canonical RPA caches may change their KV-head sharding
+        (another mesh pads differently) as long as their canonical pages stay the same."""
+        want = [(tuple(a.shape), a.dtype) for a in self.arrays]
+        got = [(tuple(a.shape), a.dtype) for a in arrays]
+        if self.canonical_kv_heads is not None and len(got) == len(want):
+            check_rpa_heads(arrays, self.layout, self.canonical_kv_heads, where)
+            shape = host_page_shape(arrays, self.layout, self.canonical_kv_heads)
+            same_blocks = arrays[0].shape[0] == self.arrays[0].shape[0]
+            if same_blocks and shape == self.host_page_shape and got[0][1] == want[0][1]:
+                return
+        if got != want:
+            raise TransferError(
+                f"{where}: arrays must keep the shapes and dtypes of the current "
+                f"ones: {len(want)} x {want[0][0]} {want[0][1]}, got {len(got)} arrays "
+                f"{sorted({f'{shape} {dtype}' for shape, dtype in got})}"
+            )
 
     @property
     def num_blocks(self) -> int:
         return self.layout.num_blocks(tuple(self.arrays[0].shape))
 
 
-def _page_bytes(array: Any, layout: pk.KVLayout) -> int:
-    return int(np.prod(layout.page_shape(tuple(array.shape)))) * np.dtype(array.dtype).itemsize
+def layout_named(name: str, where: str) -> pk.KVLayout:
+    """The `KVLayout` called `name` (`pallas_kernels.LAYOUT_NAMES`), or a typed error."""
+    try:
+        return pk.named_layout(name)
+    except pk.LayoutError as e:
+        raise TransferError(f"{where}: layout={name!r}: {e}") from None
 
 
 def check_group_caches(caches: object, where: str) -> dict[int, GroupCaches]:

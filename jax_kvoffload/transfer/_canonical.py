@@ -154,11 +154,20 @@ class CanonicalGroupPlan:
             total += mine * k.nbytes
         return total
 
-    def store(self, canonical: np.ndarray, slots: np.ndarray, data: np.ndarray) -> int:
+    def store(
+        self,
+        canonical: np.ndarray,
+        slots: np.ndarray,
+        data: np.ndarray,
+        page_ids: np.ndarray | None = None,
+    ) -> int:
         """Writes this rank's bytes of `data` (`[n, local_block_bytes]` uint8) into rows
         `slots` of `canonical` (`[num_slots, canonical_block_bytes]` uint8, modified in
-        place); `slots` are canonical page ids (writer rotation). Returns bytes written."""
+        place); `slots` are canonical page ids (writer rotation), unless `page_ids` (one
+        per slot, consecutive) gives them apart (rows of one chunk of a larger pool).
+        Returns bytes written."""
         slots = np.asarray(slots, dtype=np.int64)
+        rotation = slots if page_ids is None else np.asarray(page_ids, dtype=np.int64)
         self._rows("canonical", canonical, self.canonical_block_bytes)
         self._rows("data", data, self.local_block_bytes)
         if self._identity:
@@ -170,7 +179,7 @@ class CanonicalGroupPlan:
         for k in self._classes:
             keep, pos, step = slots, positions, 1
             if k.num_writers > 1:
-                mine = slots % k.num_writers == k.writer_index
+                mine = rotation % k.num_writers == k.writer_index
                 keep, pos, step = slots[mine], positions[mine], k.num_writers
             if keep.size == 0:
                 continue

@@ -11,7 +11,7 @@ relays every call through the group's `CanonicalGroupPlan`.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -37,11 +37,13 @@ class CanonicalPoolView(HostPool):
     rank's bytes, portable across topologies.
 
     Args:
-      pool: the shared pool; `pool.bytes_per_block[g]` is the canonical block width.
+      pool: the shared pool (a `HostChunkPool`, or a `ChunkRowPool` over vLLM's shared
+        rows, which secondary tiers read); `pool.bytes_per_block[g]` is the canonical
+        block width.
       plans: group id -> this rank's `CanonicalGroupPlan`.
     """
 
-    def __init__(self, pool: HostChunkPool, plans: Mapping[int, CanonicalGroupPlan]) -> None:
+    def __init__(self, pool: HostPool, plans: Mapping[int, CanonicalGroupPlan]) -> None:
         for g, plan in plans.items():
             if pool.bytes_per_block.get(g) != plan.canonical_block_bytes:
                 raise TransferError(
@@ -55,6 +57,7 @@ class CanonicalPoolView(HostPool):
         self.blocks_per_chunk = pool.blocks_per_chunk
         self.bytes_per_block = {g: p.local_block_bytes for g, p in self.plans.items()}
         self.bytes_written = 0  # canonical bytes this rank stored (writer rotation applied)
+        self.host_copies = pool.host_copies  # the relayout copies with the CPU: counted
 
     @property
     def nbytes(self) -> int:
@@ -84,15 +87,46 @@ class CanonicalPoolView(HostPool):
 
     def write_blocks(self, group: int, chunk_ids: list[int], first: int, data: np.ndarray) -> None:
         """Stores this rank's bytes of `data` (`[n, local_block_bytes]` uint8)."""
+        plan = self._plan(group)
         slots = self.pool.slots(chunk_ids, first, data.shape[0])
-        self.bytes_written += self._plan(group).store(self.pool.flat(group), slots, data)
+        if isinstance(self.pool, HostChunkPool):
+            written = plan.store(self.pool.flat(group), slots, data)
+        else:
+            written = 0
+            for rows, k, at, pages in self._by_chunk(group, slots):
+                written += plan.store(rows, k, data[at : at + k.size], page_ids=pages)
+        self.bytes_written += written
+        self.host_copies.add(written, store=True)
 
     def read_blocks(
         self, group: int, chunk_ids: list[int], first: int, n_blocks: int, out: np.ndarray
     ) -> np.ndarray:
         """Reads this rank's pages of `n_blocks` canonical blocks into `out`."""
+        plan = self._plan(group)
         slots = self.pool.slots(chunk_ids, first, n_blocks)
-        return self._plan(group).load(self.pool.flat(group), slots, out)
+        if isinstance(self.pool, HostChunkPool):
+            out = plan.load(self.pool.flat(group), slots, out)
+        else:
+            for rows, k, at, _ in self._by_chunk(group, slots):
+                plan.load(rows, k, out[at : at + k.size])
+        self.host_copies.add(out.nbytes, store=False)
+        return out
+
+    def _by_chunk(
+        self, group: int, slots: np.ndarray
+    ) -> Iterator[tuple[np.ndarray, np.ndarray, int, np.ndarray]]:
+        """Per run of slots in one chunk: the chunk's `[blocks_per_chunk, width]` rows,
+        the slots' places in them, where the run starts, and its canonical page ids.
+
+        For pools whose chunks are not one array of block rows (`ChunkRowPool`: vLLM's
+        shared rows, where each chunk's row holds every group's pages, so a group's
+        blocks are contiguous within a chunk only)."""
+        bpc = self.blocks_per_chunk
+        chunks = slots // bpc
+        cuts = np.flatnonzero(np.diff(chunks)) + 1
+        for at, run in zip([0, *cuts.tolist()], np.split(slots, cuts), strict=True):
+            rows = self.pool.chunk_row_for_write(group, int(run[0]) // bpc).reshape(bpc, -1)
+            yield rows, run % bpc, at, run
 
 
 def plans_for_rank(

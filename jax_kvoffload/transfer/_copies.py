@@ -10,17 +10,18 @@ the caller's thread, row writes and reads on the direction's worker thread.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 import pallas_kernels as pk
 from jax_kvoffload.hostmem import HostPool
 from jax_kvoffload.transfer._buckets import store_pieces
 from jax_kvoffload.transfer._caches import GroupCaches
-from jax_kvoffload.transfer._interrupts import deferred_interrupts
 from jax_kvoffload.transfer._job_checks import CheckedTransfer
+from jax_kvoffload.transfer._rpa_pages import canonical_sharding, merge_into_pages, to_canonical
 from jax_kvoffload.transfer._sharded_io import distinct_shards, fetch_sharded
 from jax_kvoffload.transfer._staging import HostBuffers, bucket_for, replicated, to_host
 
@@ -34,8 +35,8 @@ StorePieces = list[tuple[int, CheckedTransfer, int, Any]]
 
 class FetchedLoad:
     """A load's pieces on the devices: filled by the worker thread (`fetch`), scattered
-    in order on the caller's thread (`scatter`). `applied` survives an interrupt between
-    two pieces, so the next completion resumes where it stopped."""
+    in order on the caller's thread (`scatter`). `applied` survives a `BaseException`
+    out of a piece, so the next completion resumes where it stopped."""
 
     __slots__ = ("applied", "pieces")
 
@@ -58,6 +59,8 @@ class StagedCopies:
         kernel_kw: dict[str, Any],
         max_bucket: int,
         max_staging_bytes: int,
+        *,
+        device_path: bool = False,
     ) -> None:
         self._caches = caches
         self._pool = pool
@@ -69,28 +72,39 @@ class StagedCopies:
         self._on_cpu = {
             g: next(iter(gc.arrays[0].devices())).platform == "cpu" for g, gc in caches.items()
         }
+        # Stores go to pinned host memory with a device_put (the accelerator's path;
+        # `device_path` forces it on CPU, where the device array already is host memory).
+        self._put_host = {g: device_path or not cpu for g, cpu in self._on_cpu.items()}
 
     # -- stores -----------------------------------------------------------------------
 
     def gather(self, transfers: list[CheckedTransfer]) -> StorePieces:
         """Dispatches the gathers (and D2H copies) of a store, on the caller's thread."""
-        staged = []  # (group, transfer, first slot, host array)
+        staged = []  # (group, transfer, first slot, device staging)
         for t in transfers:
             gc = self._caches[t.group]
             for start, n in self._store_pieces(t):
                 ids = t.block_ids[start : start + n].astype(np.int32)
                 staging = pk.gather_blocks(gc.arrays, ids, layout=gc.layout, **self._kernel_kw)
-                host = to_host(staging, self._on_cpu[t.group])
-                staged.append((t.group, t, t.first_slot + start, host))
-        return staged
+                if gc.relays:  # canonical RPA pages: per-shard padding dropped on device
+                    staging = to_canonical(gc.arrays, cast(int, gc.canonical_kv_heads), staging)
+                staged.append((t.group, t, t.first_slot + start, staging))
+        # The D2H copies of every piece in one device_put (one dispatch per job).
+        hosts = to_host([s for *_, s in staged], [not self._put_host[g] for g, *_ in staged])
+        return [(g, t, first, h) for (g, t, first, _), h in zip(staged, hosts, strict=True)]
 
     def _store_pieces(self, t: CheckedTransfer) -> list[tuple[int, int]]:
         per_chunk = self._pool.blocks_per_chunk if self._pool.adopts_rows else None
         return store_pieces(len(t.block_ids), self._bucket[t.group], t.first_slot, per_chunk)
 
     def write(self, staged: StorePieces) -> None:
-        """Copies a store's gathered pieces into their chunk rows (worker thread)."""
+        """Copies a store's gathered pieces into their chunk rows (worker thread); a pool
+        that adopts rows keeps the host arrays themselves (no host copy)."""
         for group, t, first, host in staged:
+            if self._pool.adopts_rows:
+                jax.block_until_ready(host)  # the D2H copy has landed: it is the row
+                self._pool.adopt_blocks(group, t.chunk_ids, first, None, host)
+                continue
             shards = distinct_shards(host) if self._pool.moves_shards else None
             if shards is not None:
                 self._pool.move_shards(
@@ -108,46 +122,98 @@ class StagedCopies:
         plan = []  # (group, ids, transfer, first slot, staging shape)
         for t in checked:
             gc = self._caches[t.group]
-            shape = (len(gc.arrays), *gc.layout.page_shape(tuple(gc.arrays[0].shape)))
+            shape = gc.host_page_shape if gc.relays else self._page(gc)
             for start, n in store_pieces(len(t.block_ids), self._bucket[t.group]):
                 ids = t.block_ids[start : start + n].astype(np.int32)
                 plan.append((t.group, ids, t, t.first_slot + start, (n, *shape)))
         return plan
 
+    @staticmethod
+    def _page(gc: GroupCaches) -> tuple[int, ...]:
+        return (len(gc.arrays), *gc.layout.page_shape(tuple(gc.arrays[0].shape)))
+
     def fetch(self, plan: LoadPlan, load: FetchedLoad) -> None:
-        """Reads a load's rows onto the devices, appending each piece (worker thread)."""
-        pieces = load.pieces
+        """Reads a load's rows onto the devices, appending each piece (worker thread).
+
+        The host arrays of every piece go to the devices in one `device_put` (one
+        dispatch per job). A pool that adopts rows hands out its rows as they are
+        (pinned host arrays on accelerators: no host copy); the others copy them into
+        reused staging buffers first (`read_blocks`, one host copy per byte)."""
+        hosts: list[Any] = []  # every host array of the job, each once, in piece order
+        targets: list[Any] = []  # where each goes
+        seen: dict[tuple[int, Any], int] = {}  # (id of a row, target) -> index in hosts
+        # (group, ids, what: [(host index, k0, k1)] of rows | the host index of a
+        # staging buffer | a fetched sharded staging, buffers)
+        pieces: list[tuple[int, np.ndarray, Any, list[np.ndarray]]] = []
         for group, ids, t, first, shape in plan:
-            staged, buffers = self._fetch_piece(group, t, first, shape)
+            gc = self._caches[group]
+            if gc.relays:
+                sharding = canonical_sharding(gc.arrays, gc.layout)
+            else:
+                sharding = pk.staging_sharding(gc.arrays, gc.layout)
+            device = sharding or replicated(gc.arrays[0].sharding)
+            if self._pool.adopts_rows:
+                cuts = []
+                for row, k0, k1 in self._pool.row_sources(group, t.chunk_ids, first, shape[0]):
+                    # A chunk that two pieces of the job share crosses the bus once.
+                    at = seen.setdefault((id(row), device), len(hosts))
+                    if at == len(hosts):
+                        if isinstance(row, np.ndarray):  # a row of its own (partial stores)
+                            row = row.view(gc.arrays[0].dtype).reshape(-1, *shape[1:])
+                        hosts.append(row)
+                        targets.append(device)
+                    cuts.append((at, k0, k1))
+                pieces.append((group, ids, cuts, []))
+                continue
+            if sharding is not None and self._pool.moves_shards:
+                fetched = self._fetch_sharded(group, t, first, shape, sharding)
+                if fetched is not None:
+                    pieces.append((group, ids, *fetched))
+                    continue
+            rows = self._buffers.take((shape[0], gc.block_bytes))
+            self._pool.read_blocks(group, t.chunk_ids, first, shape[0], rows)
+            pieces.append((group, ids, len(hosts), [rows]))
+            hosts.append(rows.view(gc.arrays[0].dtype).reshape(shape))
+            targets.append(device)
+        placed = jax.device_put(hosts, targets) if hosts else []
+        staged = []
+        for group, ids, what, buffers in pieces:
+            if isinstance(what, list):  # rows as they are: cut and joined on the device
+                parts = []
+                for at, k0, k1 in what:
+                    row = placed[at]
+                    parts.append(row if (k0, k1) == (0, row.shape[0]) else row[k0:k1])
+                staging = parts[0] if len(parts) == 1 else jnp.concatenate(parts)
+            elif isinstance(what, int):  # a staging buffer read from the rows
+                staging = placed[what]
+            else:  # fetched sharded: already on the devices
+                staging = what
+            staged.append((group, ids, staging, buffers))
+        jax.block_until_ready([s for _, _, s, _ in staged])
+        for group, ids, staging, buffers in staged:
             if not self._on_cpu[group]:
                 # A real H2D copy: the host buffers are free again.
                 for b in buffers:
                     self._buffers.give(b)
                 buffers = []
-            pieces.append((group, ids, staged, buffers))
+            load.pieces.append((group, ids, staging, buffers))
 
-    def _fetch_piece(
-        self, group: int, t: CheckedTransfer, first: int, shape: tuple[int, ...]
-    ) -> tuple[jax.Array, list[np.ndarray]]:
-        """The staging of one load piece on the caches' devices, and its host buffers."""
-        gc = self._caches[group]
-        dtype = gc.arrays[0].dtype
-        # Sharded caches take their staging sharded like their page axes: each device
-        # receives only its shard, read from the rows straight into its own buffer.
-        sharding = pk.staging_sharding(gc.arrays, gc.layout)
-        if sharding is not None and self._pool.moves_shards:
+    def _fetch_sharded(
+        self,
+        group: int,
+        t: CheckedTransfer,
+        first: int,
+        shape: tuple[int, ...],
+        sharding: jax.sharding.Sharding,
+    ) -> tuple[jax.Array, list[np.ndarray]] | None:
+        """Sharded caches take their staging sharded like their page axes: each device
+        receives only its shard, read from the rows straight into its own buffer."""
+        dtype = self._caches[group].arrays[0].dtype
 
-            def read(shards):
-                self._pool.move_shards(group, t.chunk_ids, first, shape, dtype, shards, store=False)
+        def read(shards):
+            self._pool.move_shards(group, t.chunk_ids, first, shape, dtype, shards, store=False)
 
-            fetched = fetch_sharded(read, self._buffers.take, shape, dtype, sharding)
-            if fetched is not None:
-                return fetched
-        rows = self._buffers.take((shape[0], gc.block_bytes))
-        self._pool.read_blocks(group, t.chunk_ids, first, shape[0], rows)
-        host = rows.view(dtype).reshape(shape)
-        device = sharding or replicated(gc.arrays[0].sharding)
-        return jax.block_until_ready(jax.device_put(host, device)), [rows]
+        return fetch_sharded(read, self._buffers.take, shape, dtype, sharding)
 
     def scatter(self, load: FetchedLoad) -> Exception | None:
         """Scatters a load's fetched pieces into the caches (caller's thread), resuming
@@ -156,13 +222,21 @@ class StagedCopies:
             while load.applied < len(load.pieces):
                 group, ids, staging, buffers = load.pieces[load.applied]
                 gc = self._caches[group]
-                # The scatter donates the old arrays: its result must be kept whatever
-                # arrives in between, or the group's caches are gone.
-                with deferred_interrupts():
-                    gc.arrays = pk.scatter_blocks(
-                        gc.arrays, ids, staging, layout=gc.layout, **self._kernel_kw
+                if gc.relays:  # the target's padding slots keep their bytes
+                    staging = merge_into_pages(
+                        gc.arrays,
+                        gc.layout,
+                        cast(int, gc.canonical_kv_heads),  # set where relays is
+                        ids,
+                        staging,
+                        self._kernel_kw,
                     )
-                    load.applied += 1
+                # The scatter donates the old arrays: its result must be kept, or the
+                # group's caches are gone. The job core runs this with SIGINT held.
+                gc.arrays = pk.scatter_blocks(
+                    gc.arrays, ids, staging, layout=gc.layout, **self._kernel_kw
+                )
+                load.applied += 1
                 if buffers:
                     # On CPU the staging aliased the buffers (zero-copy device_put):
                     # reuse them only once the scatter has read them.

@@ -30,6 +30,7 @@ from typing import Any
 import jax
 
 import pallas_kernels as pk
+from jax_kvoffload._interrupts import SingleCaller
 from jax_kvoffload.config.internals import checked_arguments
 from jax_kvoffload.errors import KVOffloadTypeError
 from jax_kvoffload.hostmem import HostPool
@@ -42,7 +43,6 @@ from jax_kvoffload.transfer._caches import (
 )
 from jax_kvoffload.transfer._copies import FetchedLoad, StagedCopies
 from jax_kvoffload.transfer._errors import TransferError, TransferStateError
-from jax_kvoffload.transfer._interrupts import SingleCaller
 from jax_kvoffload.transfer._job_checks import (
     CheckedTransfer,
     check_job_ids,
@@ -84,6 +84,9 @@ class TransferEngine:
         of two, down to one block) for groups with large blocks. Tens of MiB per
         `device_put` already run at full PCIe speed, while multi-GiB host allocations
         spend most of their time in page faults (measured on CPU: sys time dominated).
+      device_path: take the accelerator's data path on CPU too: stores `device_put`
+        their staging into pinned host memory, as on a GPU or TPU (tests count its
+        host copies on CPU: tests/transfer/test_host_copies.py).
     """
 
     def __init__(
@@ -96,6 +99,7 @@ class TransferEngine:
         config: Any = None,
         max_bucket: int = 256,
         max_staging_bytes: int = 64 << 20,
+        device_path: bool = False,
     ) -> None:
         self._caches = check_group_caches(caches, "TransferEngine")
         max_bucket = check_index("max_bucket", max_bucket)
@@ -107,8 +111,9 @@ class TransferEngine:
         if max_staging_bytes < 1:
             raise TransferError(f"max_staging_bytes={max_staging_bytes} must be >= 1")
         check_pool(pool)
-        if not isinstance(backend, str) or backend not in pk.BACKENDS:
-            raise TransferError(f"backend must be one of {pk.BACKENDS}, got {backend!r}")
+        names = ("auto", *(b.name for b in pk.list_backends()))  # with registered ones
+        if not isinstance(backend, str) or backend not in names:
+            raise TransferError(f"backend must be one of {names}, got {backend!r}")
         if backend != "auto" and not interpret:
             # Refused now, not at the first job: a job failing for a reason fixed at
             # construction would only surface as failed stores.
@@ -129,7 +134,14 @@ class TransferEngine:
                 )
         self._pool = pool
         kernel_kw = {"backend": backend, "interpret": interpret, "config": config}
-        self._copies = StagedCopies(self._caches, pool, kernel_kw, max_bucket, max_staging_bytes)
+        self._copies = StagedCopies(
+            self._caches,
+            pool,
+            kernel_kw,
+            max_bucket,
+            max_staging_bytes,
+            device_path=bool(device_path),
+        )
         self._guard = SingleCaller("TransferEngine", TransferStateError)
         self._jobs: JobCore[TransferResult] = JobCore(
             {d.value: d for d in Direction},
@@ -152,14 +164,7 @@ class TransferEngine:
         with self._guard:
             gc = self._group(group)
             arrays = check_arrays(arrays, gc.layout, f"set_arrays(group={group})")
-            want = [(tuple(a.shape), a.dtype) for a in gc.arrays]
-            got = [(tuple(a.shape), a.dtype) for a in arrays]
-            if got != want:
-                raise TransferError(
-                    f"group {group}: arrays must keep the shapes and dtypes of the current "
-                    f"ones: {len(want)} x {want[0][0]} {want[0][1]}, got {len(got)} arrays "
-                    f"{sorted({f'{shape} {dtype}' for shape, dtype in got})}"
-                )
+            gc.check_replacement(arrays, f"group {group}")
             gc.arrays = arrays
 
     def submit_store(self, job_id: int, transfers: Sequence[GroupTransfer]) -> None:
@@ -181,7 +186,7 @@ class TransferEngine:
         job_id: int,
         transfers: Sequence[GroupTransfer],
         *,
-        after: Sequence[Future] = (),
+        after: Sequence[Future[Any]] = (),
         check: Callable[[], None] | None = None,
     ) -> None:
         """Starts copying chunk rows back into the blocks; caches change on completion.
@@ -196,7 +201,7 @@ class TransferEngine:
             chunks = frozenset(c for t in checked for c in t.chunk_ids)
             load = FetchedLoad()
             fetch = functools.partial(self._copies.fetch, plan, load)
-            work = fetch
+            work: Callable[[], None] = fetch
             if check is not None:
 
                 def work() -> None:
@@ -297,8 +302,9 @@ class TransferEngine:
     # -- internals: completing (caller's thread, called by the job core) ----------------
 
     def _finish(self, job: EngineJob) -> Exception | None:
-        """Scatters a load's fetched pieces. An interrupt inside a scatter leaves the job
-        in flight with its progress kept; the next completion resumes it."""
+        """Scatters a load's fetched pieces (SIGINT held: the job core's completion step).
+        A `BaseException` out of a scatter leaves the job in flight with its progress
+        kept; the next completion resumes it."""
         if job.direction is Direction.LOAD:
             return self._copies.scatter(job.payload)
         return None

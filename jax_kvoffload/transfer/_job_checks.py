@@ -8,7 +8,6 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -31,7 +30,7 @@ class CheckedTransfer:
 
 
 def check_transfer(
-    i: int, t: object, caches: Mapping[int, GroupCaches], pool: Any, unique: bool
+    i: int, t: object, caches: Mapping[int, GroupCaches], pool: HostPool, unique: bool
 ) -> CheckedTransfer:
     """`transfers[i]` checked against the caches and the pool (ids in range, ints only;
     a load's block ids unique)."""

@@ -21,8 +21,9 @@ else about their jobs is here, once:
   even `KeyboardInterrupt` or `SystemExit`, ends the job as failed; a discarded job ends
   as failed; an interrupt on the caller's thread leaves each job either registered and
   reported as usual, or not registered at all (`deferred_interrupts` holds SIGINT for
-  the few lines that register a job, and for those that move it from in flight to
-  reported); `close` completes or keeps every job in flight.
+  the few lines that register a job, and for its completion: its `finish` step and
+  the move from in flight to reported); `close` completes or keeps every job in
+  flight. The engines' data paths hold no signal themselves.
 - **Timing and tally.** A job's time is its own: from `started` to the end of its worker
   part, plus the engine's `finish` step (a JAX load's scatter), never the wait until the
   caller collected it (vLLM times the copies themselves). Each completed job is counted
@@ -43,7 +44,7 @@ from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
-from jax_kvoffload.transfer._interrupts import deferred_interrupts
+from jax_kvoffload._interrupts import deferred_interrupts
 from jax_kvoffload.transfer._job_types import Direction
 
 __all__ = ["DISCARDED", "EngineJob", "JobCore", "JobError", "Tally"]
@@ -142,9 +143,9 @@ class JobCore(Generic[R]):
       fifo: complete each lane in submission order (vLLM's handlers) instead of each
         job as soon as it ended.
       finish: `job -> error or None`, run on the caller's thread when a job's worker
-        part succeeded, before its result is made (a JAX load's scatter). It may raise
-        `BaseException` (an interrupt): the job then stays in flight, and the next
-        completion calls `finish` again (it resumes).
+        part succeeded, before its result is made (a JAX load's scatter), with SIGINT
+        held. If it raises (a `BaseException`: a failure returns as the error), the
+        job stays in flight and the next completion calls `finish` again (it resumes).
       release: `job -> None`, drops what the job holds (its staging) once it is
         reported, even if a traceback still references it.
       tally: counts each completed job (`Tally`).
@@ -232,7 +233,7 @@ class JobCore(Generic[R]):
             self._pending[job_id] = job
             try:
                 self._threads[lane].submit(run_job, future, job.end, waits, work)
-            except BaseException as exc:
+            except BaseException as exc:  # on any exit: queued and registered, or neither
                 if not future.cancel():
                     raise  # it runs already: it stays in flight and is reported (`knows`)
                 if not isinstance(exc, Exception):
@@ -337,7 +338,14 @@ class JobCore(Generic[R]):
         return out
 
     def _complete(self, job: EngineJob) -> None:
-        """Ends a job whose worker part is done: `finish`, then its result is recorded."""
+        """Ends a job whose worker part is done: `finish`, then its result is recorded.
+
+        One step under `deferred_interrupts`: a finish that donates buffers (a JAX
+        load's scatter) keeps its results, and a finished job is recorded, whatever
+        Ctrl-C does meanwhile (it arrives once the job is recorded). An exception out
+        of `finish` (one injected in its place) leaves the job in flight: the next
+        completion calls `finish` again, which resumes.
+        """
         error: JobError
         if job.discarded:
             error = DISCARDED
@@ -346,16 +354,16 @@ class JobCore(Generic[R]):
                 error = job.future.exception()
             except CancelledError:
                 error = "cancelled before it started"
-        finish_started = time.perf_counter()
-        if error is None and self._finish is not None:
-            error = self._finish(job)
-        # The job's own time: its worker part, then its finish step; not the time it
-        # waited for the caller to collect it.
-        now = time.perf_counter()
-        ended = now if job.ended is None else job.ended + (now - finish_started)
-        seconds = ended - job.started
-        result = self._make_result(job, error, seconds)
         with deferred_interrupts():
+            finish_started = time.perf_counter()
+            if error is None and self._finish is not None:
+                error = self._finish(job)
+            # The job's own time: its worker part, then its finish step; not the time it
+            # waited for the caller to collect it.
+            now = time.perf_counter()
+            ended = now if job.ended is None else job.ended + (now - finish_started)
+            seconds = ended - job.started
+            result = self._make_result(job, error, seconds)
             del self._pending[job.job_id]
             self._done[job.job_id] = result
             if self._tally is not None:

@@ -23,13 +23,20 @@ def host_sharding(staging: jax.Array) -> Any:
     return None
 
 
-def to_host(staging: jax.Array, on_cpu: bool) -> Any:
-    """A store's staging on its way to host memory: `device_put` into pinned host memory
-    where the platform has it (asynchronous; read it with `np.asarray`). On CPU
-    (`on_cpu`) the device array already is host memory: numpy reads it in place, and a
-    `device_put` would only add a copy; so does a platform without host memory kinds."""
-    sharding = None if on_cpu else host_sharding(staging)
-    return staging if sharding is None else jax.device_put(staging, sharding)
+def to_host(stagings: list[jax.Array], on_cpu: list[bool]) -> list[Any]:
+    """A store's stagings on their way to host memory: one `device_put` of them all into
+    pinned host memory where the platform has it (asynchronous; read them with
+    `np.asarray`, or wait with `jax.block_until_ready`). On CPU (`on_cpu`) a device
+    array already is host memory: numpy reads it in place, and a `device_put` would only
+    add a copy; so does a platform without host memory kinds."""
+    shardings = [None if cpu else host_sharding(s) for s, cpu in zip(stagings, on_cpu, strict=True)]
+    moved = [i for i, sharding in enumerate(shardings) if sharding is not None]
+    out = list(stagings)
+    if moved:
+        placed = jax.device_put([stagings[i] for i in moved], [shardings[i] for i in moved])
+        for i, host in zip(moved, placed, strict=True):
+            out[i] = host
+    return out
 
 
 def bucket_for(block_bytes: int, max_bucket: int, max_staging_bytes: int) -> int:

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
-from typing import Any
+from types import ModuleType
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding
 
 from . import mesh, reference, xla
 from .backends import get_backend
@@ -69,7 +71,7 @@ def _gather_body(caches, block_ids, zero, layout, backend, config, interpret):
     if backend == "xla":
         out = xla.gather_words(words, block_ids)
     else:
-        kernels = get_backend(backend).kernels
+        kernels = cast(ModuleType, get_backend(backend).kernels)  # every Pallas backend's
         out = kernels.gather_words(words, block_ids, config=config, interpret=interpret)
     out = fenced(out, fence)
     return from_words(out, _staging_shape(caches, block_ids.shape[0], layout), caches[0].dtype)
@@ -111,7 +113,7 @@ def _scatter_body(caches, block_ids, staging, zero, layout, backend, config, int
     if backend == "xla":
         out = xla.scatter_words(words, block_ids, staged)
     else:
-        out = get_backend(backend).kernels.scatter_words(
+        out = cast(ModuleType, get_backend(backend).kernels).scatter_words(
             words, block_ids, staged, config=config, interpret=interpret
         )
     return [from_words(o, c.shape, c.dtype) for o, c in zip(out, caches, strict=True)]
@@ -136,7 +138,7 @@ def _one_device_at_a_time(record: Any, interpret: Any, caches: Sequence[Any]) ->
 
 def gather_blocks(
     caches: Sequence[jax.Array],
-    block_ids: jax.Array,
+    block_ids: jax.Array | np.ndarray,
     *,
     layout: KVLayout,
     backend: str = "auto",
@@ -178,12 +180,15 @@ def gather_blocks(
         return mesh.gather_one_device_at_a_time(
             caches, layout, lambda cs: _gather(tuple(cs), ids, _ZERO, local=None, **kw)
         )
-    return _gather(tuple(caches), ids, _ZERO, local=mesh.local_plan(caches, layout), **kw)
+    staging: jax.Array = _gather(
+        tuple(caches), ids, _ZERO, local=mesh.local_plan(caches, layout), **kw
+    )
+    return staging
 
 
 def scatter_blocks(
     caches: Sequence[jax.Array],
-    block_ids: jax.Array,
+    block_ids: jax.Array | np.ndarray,
     staging: jax.Array,
     *,
     layout: KVLayout,
@@ -231,7 +236,7 @@ def scatter_blocks(
     # Interpreted kernels run as host loops that cannot reuse a donated buffer, and XLA
     # warns about every unusable donation; donate only where the kernel aliases for real.
     fn = _scatter_keeping if interpret else _scatter_donating
-    return fn(
+    out: list[jax.Array] = fn(
         tuple(caches),
         ids,
         staging,
@@ -240,6 +245,7 @@ def scatter_blocks(
         local=mesh.local_plan(caches, layout),
         **kw,
     )
+    return out
 
 
 def _mesh_shardings(caches: Sequence[Any]) -> tuple[Any, ...] | None:
@@ -247,6 +253,6 @@ def _mesh_shardings(caches: Sequence[Any]) -> tuple[Any, ...] | None:
     shardings = tuple(getattr(c, "sharding", None) for c in caches)
     if any(not isinstance(s, jax.sharding.NamedSharding) for s in shardings):
         return None
-    if all(len(s.device_set) == 1 for s in shardings):
+    if all(len(s.device_set) == 1 for s in cast("tuple[NamedSharding, ...]", shardings)):
         return None
     return shardings

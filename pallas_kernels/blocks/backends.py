@@ -17,7 +17,7 @@ import jax
 
 from .. import _compat
 from . import mosaic_gpu, tpu, triton, xla
-from .errors import BackendUnavailableError
+from .errors import BackendConfigError, BackendUnavailableError
 
 _GPU = frozenset({"cuda"})
 
@@ -121,7 +121,7 @@ class Backend:
         return self._params_type()
 
 
-_REGISTRY = (
+_REGISTRY: tuple[Backend, ...] = (
     Backend(
         name="tpu",
         where="TPU",
@@ -177,6 +177,7 @@ _REGISTRY = (
     ),
 )
 _BY_NAME = {b.name: b for b in _REGISTRY}
+_BUILTIN = frozenset(_BY_NAME)
 
 BACKENDS = ("auto", *_BY_NAME)
 
@@ -222,3 +223,44 @@ def supported_backends(where: Any = None, *, interpret: bool = False) -> tuple[s
 def pick_backend(device: Any) -> Backend:
     """What ``auto`` runs on ``device``: the first record that imported and supports it."""
     return next(b for b in _REGISTRY if b.supports(device))
+
+
+def register_backend(backend: Backend) -> None:
+    """Adds a backend at run time: ``backend=<its name>`` selects it everywhere (the API,
+    ``list_backends``, the engines). It goes after the built-in records, so ``auto``
+    keeps picking those (``xla`` runs everywhere). A backend of this package is a record
+    in ``_REGISTRY`` instead, where its position is ``auto``'s preference.
+
+    Raises:
+      TypeError: ``backend`` is not a ``Backend``, or its ``kernels`` lack
+        ``gather_words`` / ``scatter_words``.
+      BackendConfigError: its name is "auto" or already taken.
+    """
+    global _REGISTRY
+    if not isinstance(backend, Backend):
+        raise TypeError(f"backend must be a Backend record, got {type(backend).__name__}")
+    if backend.name == "auto" or backend.name in _BY_NAME:
+        raise BackendConfigError(
+            f"backend name {backend.name!r} is taken: registered are {tuple(_BY_NAME)} "
+            "(and 'auto'); pick another name"
+        )
+    missing = [f for f in ("gather_words", "scatter_words") if not callable(
+        getattr(backend.kernels, f, None))]  # fmt: skip
+    if missing:
+        raise TypeError(
+            f"backend {backend.name!r}: its kernels ({backend.kernels!r}) lack {missing}; "
+            "give a module or object with gather_words(words, block_ids, *, config, "
+            "interpret) and scatter_words(words, block_ids, staging, *, config, interpret)"
+        )
+    _BY_NAME[backend.name] = backend
+    _REGISTRY = (*_REGISTRY, backend)
+
+
+def unregister_backend(name: str) -> Backend:
+    """Removes a backend ``register_backend`` added and returns its record."""
+    global _REGISTRY
+    if name in _BUILTIN or name not in _BY_NAME:
+        what = "built in" if name in _BUILTIN else "not registered"
+        raise BackendUnavailableError(f"backend {name!r} is {what}; registered: {tuple(_BY_NAME)}")
+    _REGISTRY = tuple(b for b in _REGISTRY if b.name != name)
+    return _BY_NAME.pop(name)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeGuard, cast
 
 import jax
 import numpy as np
@@ -84,11 +84,11 @@ def _check_array(x: Any, name: str) -> None:
         )
 
 
-def _is_concrete(x: Any) -> bool:
+def _is_concrete(x: Any) -> TypeGuard[jax.Array]:
     return isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer)
 
 
-def _devices(x: Any) -> frozenset | None:
+def _devices(x: Any) -> frozenset[Any] | None:
     return frozenset(x.sharding.device_set) if _is_concrete(x) else None
 
 
@@ -148,7 +148,9 @@ def check_block_ids(block_ids: Any, num_blocks: int, *, unique: bool) -> Any:
     return block_ids
 
 
-def check_staging(staging: Any, expected_shape: tuple[int, ...], cache: Any, layout: Any) -> None:
+def check_staging(
+    staging: Any, expected_shape: tuple[int, ...], cache: Any, layout: KVLayout
+) -> None:
     """``staging`` has exactly the shape and dtype ``gather_blocks`` returns, and lives
     where the caches do (or is a host array, or uncommitted: jit places those)."""
     dtype = cache.dtype
@@ -180,7 +182,8 @@ def check_staging(staging: Any, expected_shape: tuple[int, ...], cache: Any, lay
     ):
         where = "pk.staging_sharding(caches, layout)"
         if staging_sharding([cache], layout) is None:
-            where = "the caches' device" if len(_devices(cache)) == 1 else "the caches' mesh"
+            one = len(cast("frozenset[Any]", _devices(cache))) == 1
+            where = "the caches' device" if one else "the caches' mesh"
         raise StagingMismatchError(
             f"staging lives on {_show_devices(staging)} but the caches on "
             f"{_show_devices(cache)}; jax.device_put(staging, ...) to {where} first"

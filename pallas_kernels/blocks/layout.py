@@ -27,6 +27,9 @@ class PageFormat(enum.Enum):
     HND = "HND"  # [num_blocks, num_kv_heads, block_size, head_dim]
     MLA = "MLA"  # [num_blocks, block_size, latent_dim]
     RAW = "RAW"  # [num_blocks, page_words]: uint8 bytes or wider integer words
+    # ragged-paged-attention v3 (tpu-inference, sglang-jax, EasyDeL):
+    # [num_blocks, block_size, kv_rows, packing, head_dim_padded], K/V alternating slots
+    RPA = "RPA"
 
 
 class KVStacking(enum.Enum):
@@ -38,7 +41,17 @@ class KVStacking(enum.Enum):
     SECOND = "second"  # [num_blocks, 2, ...]
 
 
-_BASE_RANK = {PageFormat.NHD: 4, PageFormat.HND: 4, PageFormat.MLA: 3, PageFormat.RAW: 2}
+_BASE_RANK = {
+    PageFormat.NHD: 4,
+    PageFormat.HND: 4,
+    PageFormat.MLA: 3,
+    PageFormat.RAW: 2,
+    PageFormat.RPA: 5,
+}
+#: Formats whose page holds no separate V (or holds K and V merged in one axis).
+_UNSTACKED = (PageFormat.MLA, PageFormat.RAW, PageFormat.RPA)
+#: Lane width RPA v3 pads head_dim to.
+RPA_LANES = 128
 _WORD_DTYPES = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32}
 
 
@@ -66,12 +79,15 @@ class KVLayout:
                 f"kv_stacking must be a KVStacking, got {self.kv_stacking!r}; "
                 f"use one of {[s.name for s in KVStacking]}"
             )
-        if self.page_format in (PageFormat.MLA, PageFormat.RAW) and (
-            self.kv_stacking is not KVStacking.NONE
-        ):
+        if self.page_format in _UNSTACKED and self.kv_stacking is not KVStacking.NONE:
+            why = (
+                "K and V alternate in its slot axis"
+                if self.page_format is PageFormat.RPA
+                else ("it has no separate V")
+            )
             raise LayoutError(
                 f"kv_stacking={self.kv_stacking.name} is not allowed with "
-                f"page_format={self.page_format.name}: it has no separate V; use KVStacking.NONE"
+                f"page_format={self.page_format.name}: {why}; use KVStacking.NONE"
             )
 
     @classmethod
@@ -90,6 +106,20 @@ class KVLayout:
     def raw(cls) -> KVLayout:
         return cls(page_format=PageFormat.RAW)
 
+    @classmethod
+    def rpa(cls) -> KVLayout:
+        """Ragged-paged-attention v3: ``[num_blocks, block_size, kv_rows, packing,
+        head_dim]`` (``pallas_kernels.rpa_cache_shape``), one array per layer."""
+        return cls(page_format=PageFormat.RPA)
+
+    @property
+    def name(self) -> str:
+        """The layout's name in ``LAYOUT_NAMES`` (``named_layout`` is the inverse)."""
+        base = self.page_format.value.lower()
+        if self.kv_stacking is KVStacking.NONE:
+            return base
+        return f"{base}_{self.kv_stacking.value}"
+
     @property
     def rank(self) -> int:
         stacked = self.kv_stacking in (KVStacking.FIRST, KVStacking.SECOND)
@@ -105,6 +135,7 @@ class KVLayout:
             PageFormat.HND: "num_kv_heads, block_size, head_dim",
             PageFormat.MLA: "block_size, latent_dim",
             PageFormat.RAW: "page_words",
+            PageFormat.RPA: "block_size, kv_rows, packing, head_dim",
         }[self.page_format]
         if self.kv_stacking is KVStacking.FIRST:
             return f"[2, num_blocks, {names}]"
@@ -150,12 +181,56 @@ class KVLayout:
                 "(bf16, fp16, fp32, fp8, int8, uint8, int32, ...); view packed or other data "
                 "as KVLayout.raw() with uint8 or uint32 words"
             )
+        if self.page_format is PageFormat.RPA:
+            _check_rpa(tuple(shape), dt, name)
         if self.page_format is PageFormat.RAW and dt.kind not in "ui":
             raise UnsupportedDtypeError(
                 f"{name} has dtype {dt.name}; a RAW page view holds integer words (uint8, "
                 "uint16, uint32, ...); bitcast it first, e.g. "
                 "jax.lax.bitcast_convert_type(cache, jnp.uint16)"
             )
+
+
+def _check_rpa(shape: tuple[int, ...], dt: np.dtype, name: str) -> None:
+    packing = 4 // dt.itemsize
+    if shape[3] != packing:
+        raise LayoutMismatchError(
+            f"{name} has shape {shape} and dtype {dt.name}; the RPA layout packs "
+            f"32 // {8 * dt.itemsize} = {packing} slots per word, so axis 3 (packing) must "
+            f"be {packing}: build it with pallas_kernels.rpa_cache_shape(...)"
+        )
+    if shape[4] % RPA_LANES:
+        raise LayoutMismatchError(
+            f"{name} has shape {shape}: the RPA layout pads head_dim to a multiple of "
+            f"{RPA_LANES} (axis 4 is {shape[4]}); build it with "
+            "pallas_kernels.rpa_cache_shape(...)"
+        )
+
+
+def _all_layouts() -> dict[str, KVLayout]:
+    out = {}
+    for fmt in PageFormat:
+        for stacking in KVStacking:
+            if fmt in _UNSTACKED and stacking is not KVStacking.NONE:
+                continue
+            layout = KVLayout(page_format=fmt, kv_stacking=stacking)
+            out[layout.name] = layout
+    return out
+
+
+_LAYOUTS = _all_layouts()
+#: Every layout's name: "nhd", "nhd_first", "hnd_second", "mla", "raw", "rpa", ...
+LAYOUT_NAMES: tuple[str, ...] = tuple(_LAYOUTS)
+
+
+def named_layout(name: str) -> KVLayout:
+    """The ``KVLayout`` called ``name`` (``LAYOUT_NAMES``; case-insensitive)."""
+    if not isinstance(name, str) or name.lower() not in _LAYOUTS:
+        raise LayoutError(
+            f"layout name {name!r} is not one of {list(LAYOUT_NAMES)}; e.g. 'rpa' for the "
+            "ragged-paged-attention v3 cache, 'nhd_second' for [num_blocks, 2, bs, H, D]"
+        )
+    return _LAYOUTS[name.lower()]
 
 
 def page_bytes(shape: tuple[int, ...], dtype: np.dtype, layout: KVLayout) -> int:
@@ -180,7 +255,8 @@ def word_dtype(dtype: np.dtype, word_bytes: int) -> np.dtype:
     dt = np.dtype(dtype)
     if dt.kind in "ui" and dt.itemsize == word_bytes:
         return dt
-    return np.dtype(_WORD_DTYPES[word_bytes])
+    word: np.dtype = np.dtype(_WORD_DTYPES[word_bytes])
+    return word
 
 
 def _as(x: jax.Array, dtype: np.dtype) -> jax.Array:

@@ -21,14 +21,14 @@ from typing import Any
 import jax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from .layout import KVLayout
+from .layout import KVLayout, as_bits
 
 
 @dataclass(frozen=True)
 class LocalPlan:
     """How to run a backend per device: the mesh and the specs of caches and staging."""
 
-    mesh: Any
+    mesh: jax.sharding.Mesh | jax.sharding.AbstractMesh
     cache_spec: PartitionSpec
     staging_spec: PartitionSpec
 
@@ -36,7 +36,7 @@ class LocalPlan:
         """``body(caches, block_ids, zero[, staging])`` mapped over the mesh (``zero``: the
         replicated run-time 0 of ``layout.fenced``)."""
         caches = tuple(self.cache_spec for _ in range(num_caches))
-        in_specs = (caches, PartitionSpec(), PartitionSpec())
+        in_specs: tuple[Any, ...] = (caches, PartitionSpec(), PartitionSpec())
         in_specs += (self.staging_spec,) if with_staging else ()
         out_specs = caches if with_staging else self.staging_spec
         return jax.shard_map(
@@ -58,11 +58,24 @@ def local_plan(caches: Sequence[Any], layout: KVLayout) -> LocalPlan | None:
         return None
     ndim = caches[0].ndim
     spec = tuple(first.spec) + (None,) * (ndim - len(first.spec))
+    # Mesh axes of one device split nothing (``P("data", None, "model")`` with a data
+    # axis of size 1, as tpu-inference shards its caches): read them as unsharded.
+    spec = tuple(_without_trivial(p, first.mesh) for p in spec)
     axis = layout.block_axis
     if any(p is not None for p in spec[: axis + 1]) or all(p is None for p in spec):
         return None
     page = tuple(p for i, p in enumerate(spec) if i != layout.block_axis)
     return LocalPlan(first.mesh, PartitionSpec(*spec), PartitionSpec(None, None, *page))
+
+
+def _without_trivial(entry: Any, mesh: Any) -> Any:
+    if entry is None or entry is PartitionSpec.UNCONSTRAINED:
+        return entry
+    names = entry if isinstance(entry, tuple) else (entry,)
+    kept = tuple(n for n in names if mesh.shape[n] > 1)
+    if not kept:
+        return None
+    return kept if isinstance(entry, tuple) else kept[0]
 
 
 def staging_sharding(caches: Sequence[Any], layout: KVLayout) -> NamedSharding | None:
@@ -94,25 +107,28 @@ def spans_devices(caches: Sequence[Any]) -> bool:
 # shard_map path runs per device), or, for any other sharding, the whole cache.
 
 
-def _home(caches: Sequence[Any]) -> Any:
+def _home(caches: Sequence[Any]) -> jax.Device:
     return min(caches[0].sharding.device_set, key=lambda d: d.id)
 
 
-def _shards(cache: Any) -> dict[tuple, list[Any]]:
+def _shards(cache: Any) -> dict[tuple[Any, ...], list[Any]]:
     """This process's shards of ``cache`` grouped by index (replicas share one), keyed
     by the index's slice bounds."""
-    groups: dict[tuple, list[Any]] = {}
+    groups: dict[tuple[Any, ...], list[Any]] = {}
     for shard in cache.addressable_shards:
         groups.setdefault(tuple((s.start, s.stop, s.step) for s in shard.index), []).append(shard)
     return groups
 
 
-def gather_one_device_at_a_time(caches, layout: KVLayout, run: Any) -> jax.Array:
+def gather_one_device_at_a_time(
+    caches: Sequence[jax.Array], layout: KVLayout, run: Any
+) -> jax.Array:
     """``run(single_device_caches) -> staging`` over each shard in turn (see above)."""
     home = _home(caches)
     plan = local_plan(caches, layout)
     if plan is None:
-        return run([jax.device_put(c, home) for c in caches])
+        staging: jax.Array = run([jax.device_put(c, home) for c in caches])
+        return staging
     per_cache = [_shards(c) for c in caches]
     pieces = []
     for key, shards in per_cache[0].items():
@@ -124,7 +140,9 @@ def gather_one_device_at_a_time(caches, layout: KVLayout, run: Any) -> jax.Array
     )
 
 
-def scatter_one_device_at_a_time(caches, staging, layout: KVLayout, run: Any) -> list:
+def scatter_one_device_at_a_time(
+    caches: Sequence[jax.Array], staging: jax.Array, layout: KVLayout, run: Any
+) -> list[jax.Array]:
     """``run(single_device_caches, staging) -> caches`` over each shard in turn; every
     result keeps its cache's sharding."""
     home = _home(caches)
@@ -135,6 +153,9 @@ def scatter_one_device_at_a_time(caches, staging, layout: KVLayout, run: Any) ->
     per_cache = [_shards(c) for c in caches]
     pieces: list[list[Any]] = [[] for _ in caches]
     axis = layout.block_axis
+    # Sliced as integers: an eager slice of a float array is an XLA:CPU copy that runs
+    # through f32 (fp8/bf16 NaN payloads quieted, issue 21); ``run`` takes the bits.
+    staging = as_bits(staging)
     for key, shards in per_cache[0].items():
         index = tuple(slice(*bounds) for bounds in key)
         page = (slice(None), slice(None), *index[:axis], *index[axis + 1 :])

@@ -18,7 +18,9 @@ from .checks import check_block_ids, check_caches, check_staging
 from .layout import KVLayout, as_bits, fenced
 
 
-def gather_pages(caches, block_ids, layout: KVLayout, fence) -> jax.Array:
+def gather_pages(
+    caches: Sequence[jax.Array], block_ids: jax.Array, layout: KVLayout, fence: jax.Array | None
+) -> jax.Array:
     """``gather_blocks_reference`` with the API's run-time fence (None: unfenced)."""
     axis = layout.block_axis
     pages = [jnp.moveaxis(jnp.take(as_bits(c), block_ids, axis=axis), axis, 0) for c in caches]
@@ -26,7 +28,13 @@ def gather_pages(caches, block_ids, layout: KVLayout, fence) -> jax.Array:
     return jax.lax.bitcast_convert_type(out, caches[0].dtype)
 
 
-def scatter_pages(caches, block_ids, staging, layout: KVLayout, fence) -> list[jax.Array]:
+def scatter_pages(
+    caches: Sequence[jax.Array],
+    block_ids: jax.Array,
+    staging: jax.Array,
+    layout: KVLayout,
+    fence: jax.Array | None,
+) -> list[jax.Array]:
     """``scatter_blocks_reference`` with the API's run-time fence (None: unfenced)."""
     axis = layout.block_axis
     index = (slice(None),) * axis + (block_ids,)

@@ -20,14 +20,14 @@ from .errors import BackendConfigError, BackendUnavailableError
 from .layout import KVLayout, KVStacking, page_bytes
 
 
-def cache_device(cache: Any) -> Any | None:
+def cache_device(cache: Any) -> jax.Device | None:
     """The (first) device a call on ``cache`` runs on: its own for a jax array, jax's
     default device for a host (numpy) array, None for a tracer (unknown until lowering)."""
     if isinstance(cache, jax.core.Tracer):
         return None
     if not isinstance(cache, jax.Array):
         return default_device()
-    return min(cache.sharding.device_set, key=lambda d: d.id)
+    return min(cache.sharding.device_set, key=lambda d: d.id)  # type: ignore[attr-defined]
 
 
 def _platform_words(device: Any) -> str:

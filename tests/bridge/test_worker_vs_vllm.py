@@ -117,7 +117,7 @@ def draw_job(rng, case, store, stored):
     return gpu, sizes, starts, cpu
 
 
-def run_case(seed, vllm_worker, store_kernel=None):
+def run_case(seed, vllm_worker, store_kernel=None, dma=None):
     case = draw_case(seed)
     where = case.describe()
     rng = random.Random(seed ^ 0x5EED)
@@ -128,7 +128,7 @@ def run_case(seed, vllm_worker, store_kernel=None):
     slots = Slots(case)
     expected = [a.numpy().copy() for a in allocs]
     kw = {"blocks_per_chunk": case.bpc, "num_chunks": case.num_chunks}
-    if store_kernel is None:
+    if store_kernel is None and dma is None:
         ours = bridge.JaxOffloadingWorker.from_canonical(kv_caches(base, ours_dev, case), **kw)
     else:
         kv = kv_caches(base, ours_dev, case)
@@ -137,6 +137,7 @@ def run_case(seed, vllm_worker, store_kernel=None):
             [[(r.tensor_idx, r.page_size_bytes) for r in g] for g in kv.group_data_refs],
             result_type=base.TransferResult,
             store_kernel=store_kernel,
+            dma=dma,
             max_bucket=4,  # few compiled shapes, several buckets per move
             **kw,
         )
@@ -230,6 +231,15 @@ def test_the_gather_kernel_path_moves_the_same_bytes(batch, vllm_worker):
     # of their storage; forced here on CPU (fewer cases: every shape compiles).
     for seed in [SEED + 10**6 + batch + 2 * i for i in range(max(2, CASES // 40))]:
         run_case(seed, vllm_worker, store_kernel=True)
+
+
+@pytest.mark.parametrize("batch", range(2))
+def test_the_copy_engine_path_moves_the_same_bytes(batch, vllm_worker):
+    # Accelerator tensors take the copy-engine path (gathers, D2H / H2D copies per run
+    # of slots, scatters on the worker's streams); forced here on CPU, where its
+    # streams are the synchronous stand-in.
+    for seed in [SEED + 2 * 10**6 + batch + 2 * i for i in range(max(2, CASES // 8))]:
+        run_case(seed, vllm_worker, dma=True)
 
 
 def test_vllms_worker_runs_on_cpu_as_the_model_says(vllm_worker):

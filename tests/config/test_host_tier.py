@@ -50,7 +50,7 @@ def test_defaults_are_vllms():
         None,
     )
     assert (h.store_threshold, h.max_tracker_size, h.secondary_tiers) == (0, 64_000, ())
-    assert (h.tier_poll_interval_s, h.host_pool, h.backpressure) == (0.001, "numpy", None)
+    assert (h.tier_poll_interval_s, h.host_pool, h.backpressure) == (0.001, "auto", None)
     assert HostTierConfig() == h
 
 

@@ -106,7 +106,10 @@ def test_group_caches_refuse_a_deleted_array_and_a_bad_layout():
     a = noise()
     a[0].delete()
     refused("state", lambda: nhd(a), "deleted")
-    refused("type", lambda: GroupCaches(noise(), "nhd"), "KVLayout")
+    # A layout is a KVLayout or one of its names (pallas_kernels.LAYOUT_NAMES, "rpa" since
+    # issue 19); anything else is refused, an unknown name by value.
+    refused("type", lambda: GroupCaches(noise(), 3), "KVLayout")
+    refused("value", lambda: GroupCaches(noise(), "nhdx"), "nhdx")
 
 
 def test_the_same_array_in_two_groups_is_refused():

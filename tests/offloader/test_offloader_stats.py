@@ -87,6 +87,9 @@ def test_a_scripted_scenario_gives_every_field_exactly(monkeypatch):
         occupied_chunks=0,
         occupancy_perc=0.0,
         cpu_cache_usage_perc=0.0,
+        # The numpy pool (host_pool="auto" on CPU) copies each byte once per direction.
+        host_copied_stored=3 * CHUNK_BYTES,
+        host_copied_loaded=2 * CHUNK_BYTES,
     )
     # Counters kept counting across the reset; only the gauges dropped.
     assert dataclasses.replace(before_reset, resets=1, occupied_chunks=0, occupancy_perc=0.0) == (
@@ -97,6 +100,17 @@ def test_a_scripted_scenario_gives_every_field_exactly(monkeypatch):
     assert stats.load.bytes_per_second == 2 * CHUNK_BYTES / r_load.seconds
     # Closed: the snapshot still works.
     assert off.stats() == stats
+
+
+def test_the_pinned_pool_copies_no_kv_byte_with_the_cpu():
+    off, _ = offloader(host_pool="pinned")
+    with off:
+        a = hashes("a", 4)
+        off.wait([off.store(a, [1, 2, 3, 4])])
+        off.wait([off.load(a, [8, 9, 10, 11])])
+        s = off.stats()
+    assert (s.store.bytes, s.load.bytes) == (2 * CHUNK_BYTES, 2 * CHUNK_BYTES)
+    assert (s.host_copied_stored, s.host_copied_loaded) == (0, 0)
 
 
 def test_a_full_store_counts_evictions_and_the_dropped_offer():

@@ -14,12 +14,15 @@ from jax_kvoffload.store import (
     LookupResult,
     LRUPolicy,
     RequestContext,
+    UnknownPolicyError,
     get_policy_class,
     policy_names,
     register_policy,
+    unregister_policy,
 )
 
 from ._helpers import K, Ks, make_store
+from ._policy_contract import run_policy_contract
 
 
 def stored_store(num_chunks, policy, ids, ctx):
@@ -302,3 +305,35 @@ def test_out_of_tree_policy_by_module_path(ctx):
     assert m.prepare_store(Ks(3), ctx).evicted_keys == (K(1),)
     with pytest.raises(TypeError, match="must be a subclass"):
         make_store(2, "K", cache_policy_module_path=__name__)
+
+
+@pytest.mark.parametrize("name", policy_names())
+def test_every_registered_policy_passes_the_contract(name):
+    run_policy_contract(name)
+
+
+class PinIgnoringPolicy(FIFOPolicy):
+    """Evicts in insertion order and forgets to skip pinned chunks."""
+
+    def evict(self, n, protected):
+        victims = [k for k in self.chunks if k not in protected]
+        if len(victims) < n:
+            return None
+        return [(k, self.chunks.pop(k)) for k in victims[:n]]
+
+
+def test_the_contract_sees_a_policy_that_evicts_a_pinned_chunk():
+    register_policy("pin-ignoring", PinIgnoringPolicy)
+    try:
+        with pytest.raises(AssertionError, match="evicted a pinned, pending or offered key"):
+            run_policy_contract("pin-ignoring")
+    finally:
+        assert unregister_policy("pin-ignoring") is PinIgnoringPolicy
+    assert "pin-ignoring" not in policy_names()
+
+
+def test_unregister_keeps_the_built_ins():
+    for name in ("lru", "arc", "never-registered"):
+        with pytest.raises(UnknownPolicyError, match=repr(name)):
+            unregister_policy(name)
+    assert policy_names()[:2] == ("lru", "arc")

@@ -15,6 +15,7 @@ from jax_kvoffload.tiers._disk_fs import ALIGN, entry_name
 
 from ._contract import TierHarness, contract_harness
 from ._helpers import NO_REDIS, REDIS_SERVER, RedisServer
+from ._mooncake import NO_MOONCAKE, MooncakeStore
 
 
 @contract_harness("disk")
@@ -84,3 +85,44 @@ class RedisHarness(TierHarness):
             yield
         finally:
             self.server.call(b"CLIENT", b"UNPAUSE")
+
+
+@contract_harness("mooncake")
+class MooncakeHarness(TierHarness):
+    """A private Mooncake Store (a master and one storage node) on loopback ports;
+    damage rewrites an object through a raw client of Mooncake's own, a stall holds the
+    tier's store batches before they reach Mooncake."""
+
+    def start(self, tmp_path: str) -> None:
+        if NO_MOONCAKE is not None:
+            pytest.skip(NO_MOONCAKE)
+        self.store = MooncakeStore()
+
+    def stop(self) -> None:
+        self.store.stop()
+
+    def options(self) -> dict:
+        return {**self.store.options(), "read_threads": 2, "write_threads": 2}
+
+    def damage(self, tier: SecondaryTier, key: bytes) -> None:
+        raw, mkey = self.store.raw, tier.key_of(key)
+        value = bytearray(raw.get(mkey))
+        value[-1] ^= 0xFF  # the payload's last byte
+        assert raw.remove(mkey, True) == 0
+        assert raw.put(mkey, bytes(value)) == 0
+
+    @contextlib.contextmanager
+    def stalled_stores(self, tier: SecondaryTier):
+        gate = threading.Event()
+        store_batch = tier._store_batch  # one batch call, on a store thread
+
+        def held(*args, **kwargs):
+            gate.wait(30)
+            return store_batch(*args, **kwargs)
+
+        tier._store_batch = held
+        try:
+            yield
+        finally:
+            gate.set()
+            del tier._store_batch

@@ -15,6 +15,8 @@ from jax_kvoffload.errors import KVOffloadTypeError
 from jax_kvoffload.tiers import (
     DiskTier,
     DiskTierConfig,
+    MooncakeTier,
+    MooncakeTierConfig,
     RedisTier,
     RedisTierConfig,
     SecondaryTier,
@@ -85,6 +87,7 @@ def test_the_built_in_kinds_and_what_follows_from_them():
     assert [(k.name, k.config, tier_class(k), k.vllm_class) for k in tier_kinds()] == [
         ("disk", DiskTierConfig, DiskTier, "JaxDiskTier"),
         ("redis", RedisTierConfig, RedisTier, "JaxRedisTier"),
+        ("mooncake", MooncakeTierConfig, MooncakeTier, "JaxMooncakeTier"),
     ]
     assert DiskTierConfig(path="/d", capacity_bytes=1).type == "disk"
     assert RedisTierConfig(url="redis://h").to_vllm_dict()["type"] == "JaxRedisTier"
@@ -109,9 +112,9 @@ def test_a_kind_registered_at_run_time_is_parsed_opened_and_assembled(null_kind)
         TierConfigError, match=r'secondary_tiers\[0\].label: is required, e.g. "label": "x"'
     ):
         parse_secondary_tiers([{"type": "null"}])
-    with pytest.raises(TierConfigError, match=r"ours: \['disk', 'null', 'redis'\]"):
+    with pytest.raises(TierConfigError, match=r"ours: \['disk', 'mooncake', 'null', 'redis'\]"):
         parse_secondary_tiers([{"type": "nothing"}])
-    with pytest.raises(TierConfigError, match='use "disk", "redis" or "null" here'):
+    with pytest.raises(TierConfigError, match='use "disk", "redis", "mooncake" or "null" here'):
         open_tier(parse_secondary_tiers([{"type": "fs"}])[0], bytes(32))
 
 
@@ -138,7 +141,10 @@ def test_after_unregistering_the_kind_is_unknown_again():
         parse_secondary_tiers([{"type": "null", "label": "a"}])
     with pytest.raises(ConfigTypeError, match="no registered tier kind"):
         NullTierConfig(label="a").to_dict()
-    with pytest.raises(KVOffloadTypeError, match=r"\(DiskTierConfig, RedisTierConfig\), got Null"):
+    with pytest.raises(
+        KVOffloadTypeError,
+        match=r"\(DiskTierConfig, RedisTierConfig, MooncakeTierConfig\), got Null",
+    ):
         open_tier(NullTierConfig(label="a"), bytes(32))
     with pytest.raises(ConfigFieldError, match="no registered tier kind"):
         unregister_tier_kind("null")
@@ -156,7 +162,7 @@ def test_after_unregistering_the_kind_is_unknown_again():
 def test_a_kind_that_clashes_is_refused(kind, words):
     with pytest.raises(ConfigFieldError, match=words):
         register_tier_kind(kind)
-    assert [k.name for k in tier_kinds()] == ["disk", "redis"]
+    assert [k.name for k in tier_kinds()] == ["disk", "redis", "mooncake"]
 
 
 @pytest.mark.parametrize(

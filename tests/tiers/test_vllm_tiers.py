@@ -39,6 +39,7 @@ from jax_kvoffload.tiers import (
 )
 
 from ._helpers import NO_REDIS, REDIS_SERVER, RedisServer
+from ._mooncake import NO_MOONCAKE, MooncakeStore
 
 pytestmark = pytest.mark.vllm
 
@@ -117,8 +118,18 @@ def keys_and_data(n: int):
     return keys, {k: rng.integers(0, 256, ROW, dtype=np.uint8) for k in keys}
 
 
-@pytest.fixture(params=["disk", "redis"])
+@pytest.fixture(params=["disk", "redis", "mooncake"])
 def tier(request, tmp_path):
+    if request.param == "mooncake":
+        if NO_MOONCAKE is not None:
+            pytest.skip(NO_MOONCAKE)
+        store = MooncakeStore()
+        try:
+            yield {"type": "JaxMooncakeTier", "module_path": BRIDGE, **store.options(),
+                   "enable_kv_events": True}  # fmt: skip
+        finally:
+            store.stop()
+        return
     if request.param == "disk":
         yield {
             "type": "JaxDiskTier",
@@ -146,6 +157,7 @@ def test_vllms_factory_resolves_our_tiers():
     for name, source in (
         ("JaxDiskTier", CacheHitSource.DISK),
         ("JaxRedisTier", CacheHitSource.EXTERNAL_UNSPECIFIED),
+        ("JaxMooncakeTier", CacheHitSource.EXTERNAL_UNSPECIFIED),
     ):
         cls = SecondaryTierFactory.get_tier_class({"type": name, "module_path": BRIDGE})
         assert issubclass(cls, SecondaryTierManager) and cls.__name__ == name
@@ -158,7 +170,7 @@ def test_a_restarted_engine_is_served_from_our_tier(tier):
     assert first["stats"].keys_stored == 3
     assert sorted(k for e in first["events"] for k in e.keys) == sorted(keys)
     parsed = parse_secondary_tiers([tier])[0]  # the same dict, typed by our parser
-    assert parsed.type == ("disk" if tier["type"] == "JaxDiskTier" else "redis")
+    assert parsed.type == tier["type"].removeprefix("Jax").removesuffix("Tier").lower()
 
     spec = make_spec(tier)
     m = spec.get_manager()

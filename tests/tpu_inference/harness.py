@@ -5,8 +5,9 @@
         [--extra-config '{...}'] [--only NAME ...]
 
 The connector under test is a parameter: tpu-inference 0.32.0's `TPUOffloadConnector`
-with its `LocalCPUBackend` now (the baseline), ours (`jax_kvoffload.bridge.tpu_inference`)
-once it exists. It is driven only through what tpu-inference's runner and vLLM call
+with its `LocalCPUBackend` (the baseline), or ours (`jax_kvoffload.bridge.tpu_inference:
+TPUOffloadConnector`, with `secondary_tiers` in --extra-config for the tier scenarios).
+It is driven only through what tpu-inference's runner and vLLM call
 (the `KVConnectorBase_V1` methods plus `register_runner`) and fed tpu-inference's own
 metadata types (`TPUOffloadConnectorMetadata`, `TPUReqMeta`, `SaveSpec`, `LoadSpec`), as
 their offload tests drive it: a mock runner, a CPU mesh, their cache shapes.
@@ -27,9 +28,18 @@ Scenarios (`SCENARIOS`):
                             the same prefix is told the hit and loads exactly it.
   engine/full_hit           the identical prompt: N blocks hit, N*block_size - 1 tokens
                             reported (their rule), N blocks loaded.
-  engine/restart            fresh connectors (a restarted engine) asked for that prompt:
-                            the hit count is reported, not judged (their host dict dies
-                            with the process: 0; ours must serve it from a tier).
+  engine/events             with KV events on: the events the scheduler-role connector
+                            yields after a prompt was saved (reported, judged by the
+                            caller: vLLM's default connector surface yields none).
+  engine/restart            fresh connectors (a restarted engine: a new config object)
+                            asked for that prompt: the hit count is reported, not judged
+                            (host memory dies with the engine: 0 for both without tiers).
+
+Tier scenarios (`TIER_SCENARIOS`, ours only, with `secondary_tiers` in --extra-config;
+each in its own process, run by the caller one after the other):
+  tier/save                 an engine saves the prompt and waits until its tiers hold it.
+  tier/serve                a fresh process's engine is asked for the prompt: every full
+                            block is reported, loaded from the tier with the right bytes.
 
 Each result: {"ok": bool, "error": str | None, "facts": {...}}. Exit status 0 whenever
 the results were written (the caller judges them), 1 otherwise.
@@ -58,7 +68,9 @@ SCENARIOS = (
     "engine/prefix_hit",
     "engine/full_hit",
     "engine/restart",
+    "engine/events",
 )
+TIER_SCENARIOS = ("tier/save", "tier/serve")
 # Cache geometry: small enough for 2 CPU cores, every axis of the RPA layout present.
 LAYERS, NUM_BLOCKS, BLOCK_SIZE, KV_HEADS, HEAD_DIM = 3, 24, 16, 4, 128
 DEVICES = 4
@@ -232,12 +244,17 @@ def shapes(ctx) -> dict:
 # -- scheduler + worker -----------------------------------------------------------------
 
 
-def _engine(ctx):
+def _engine(ctx, events: bool = False):
     s = ctx["stack"]
     m, spec = s.mesh("attn_dp")
     dtype = s.DTYPES["bfloat16"]
     shape = s.cache_shape(m, NUM_BLOCKS, BLOCK_SIZE, KV_HEADS, HEAD_DIM, dtype)
-    return ctx["engine"].MiniEngine(ctx["cls"], ctx["config"], m, spec, shape, dtype, LAYERS)
+    config = ctx["new_config"]()  # one engine, one config (vLLM's: a fresh VllmConfig)
+    if events:
+        from vllm.config import KVEventsConfig
+
+        config.kv_events_config = KVEventsConfig(enable_kv_cache_events=True)
+    return ctx["engine"].MiniEngine(ctx["cls"], config, m, spec, shape, dtype, LAYERS)
 
 
 PROMPT = list(range(1000, 1000 + 3 * BLOCK_SIZE + 5))  # 3 full blocks and a partial one
@@ -284,6 +301,45 @@ def restart(ctx) -> dict:
     return {"hits_after_restart": after.matched_tokens // BLOCK_SIZE, "after": vars(after)}
 
 
+def events(ctx) -> dict:
+    engine = _engine(ctx, events=True)
+    req = engine.new_request("e1", PROMPT)
+    engine.prefill(req)
+    engine.finish(req)
+    from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash
+
+    taken = list(engine.scheduler.take_events())
+    stored = [h for e in taken if type(e).__name__ == "BlockStored" for h in e.block_hashes]
+    want = [maybe_convert_block_hash(h) for h in req.block_hashes]  # vLLM's event form
+    return {
+        "events": [type(e).__name__ for e in taken],
+        "stored_hashes_are_the_prompts": sorted(stored) == sorted(want),
+        "stored": len(stored),
+    }
+
+
+def tier_save(ctx) -> dict:
+    engine = _engine(ctx)
+    first = engine.prefill(engine.new_request("t1", PROMPT))
+    engine.finish(engine.requests["t1"])
+    _expect(first.saved_chunks == 3, f"3 full blocks to save, {first.saved_chunks} reported")
+    _expect(engine.scheduler.flush_tiers(60.0), "the tiers did not take the chunks in 60 s")
+    return {"first": vars(first)}
+
+
+def tier_serve(ctx) -> dict:
+    engine = _engine(ctx)
+    after = engine.prefill(engine.new_request("t2", PROMPT))
+    _expect(
+        after.matched_tokens == 3 * BLOCK_SIZE,
+        f"a fresh process: {after.matched_tokens} tokens reported, the tier holds 3 blocks",
+    )
+    _expect(len(after.load_blocks) == 3, f"3 blocks to load, specs give {after.load_blocks}")
+    _expect(all(after.loaded_right), f"blocks loaded from the tier with wrong bytes: {after}")
+    _expect(after.loaded_chunks == 3, f"stats report {after.loaded_chunks} chunks loaded")
+    return {"after": vars(after)}
+
+
 def _run(name: str, ctx) -> dict:
     kind, *rest = name.split("/")
     if kind == "roundtrip":
@@ -295,7 +351,10 @@ def _run(name: str, ctx) -> dict:
         "engine/prefix_hit": prefix_hit,
         "engine/full_hit": full_hit,
         "engine/restart": restart,
-    }[name if kind == "engine" else kind](ctx)
+        "engine/events": events,
+        "tier/save": tier_save,
+        "tier/serve": tier_serve,
+    }[name if kind in ("engine", "tier") else kind](ctx)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -303,7 +362,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=pathlib.Path, required=True)
     parser.add_argument("--connector", default=THEIRS, help="module:Class under test")
     parser.add_argument("--extra-config", default="{}", help="kv_connector_extra_config JSON")
-    parser.add_argument("--only", nargs="+", choices=SCENARIOS, help="run only these")
+    parser.add_argument(
+        "--only", nargs="+", choices=SCENARIOS + TIER_SCENARIOS, help="run only these"
+    )
     args = parser.parse_args(argv)
 
     from tests.tpu_inference import _env
@@ -324,6 +385,9 @@ def main(argv: list[str] | None = None) -> int:
         "roles": base.KVConnectorRole,
         "cls": _their_stack.load_connector(args.connector),
         "config": _their_stack.EngineConfig(
+            BLOCK_SIZE, args.connector, json.loads(args.extra_config)
+        ),
+        "new_config": lambda: _their_stack.EngineConfig(
             BLOCK_SIZE, args.connector, json.loads(args.extra_config)
         ),
     }

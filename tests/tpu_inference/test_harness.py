@@ -4,7 +4,10 @@
 count is fixed when jax starts, and importing tpu-inference rewrites `XLA_FLAGS` and
 other variables of its process: `_env.py`); each scenario is one test here. The
 connectors under test are `CONNECTORS`: tpu-inference's own `TPUOffloadConnector` with
-its `LocalCPUBackend` today; ours joins the list with the same scenarios.
+its `LocalCPUBackend`, and ours (`jax_kvoffload.bridge.tpu_inference`, slow: a harness
+run takes a minute or two on 2 cores) with the same scenarios. Ours also runs the tier
+scenarios, each in a fresh process: one engine saves, another process's engine is
+served the prefix from our disk tier, and from Redis.
 
 Where a connector is known to fail a scenario on this machine, `KNOWN` says why and
 what the failure must look like: the test is then an expected failure, and a pass
@@ -26,6 +29,8 @@ import pytest
 
 from tests.tpu_inference.harness import SCENARIOS, THEIRS
 
+OURS = "jax_kvoffload.bridge.tpu_inference:TPUOffloadConnector"
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 TIMEOUT_S = 1200
 
@@ -42,7 +47,7 @@ def _missing() -> str | None:
 
 pytestmark = [pytest.mark.vllm, pytest.mark.skipif(_missing() is not None, reason=str(_missing()))]
 
-CONNECTORS = [THEIRS]
+CONNECTORS = [THEIRS, pytest.param(OURS, marks=pytest.mark.slow)]
 
 _FLOAT_BITS = "loaded blocks \\(layer, block\\) without the saved bits"
 _CPU_BITS = (
@@ -63,18 +68,28 @@ KNOWN: dict[str, dict[str, tuple[str, str]]] = {
             for dtype in ("bfloat16", "float8_e4m3fn", "float32")
         },
     },
+    OURS: {},  # every scenario, every bit pattern, the mesh without attn_dp too
 }
-# Prefix blocks a restarted engine is served (engine/restart): their host dict dies with
-# the engine; ours serves the prefix from a secondary tier.
-RESTART_HITS = {THEIRS: 0}
+# Prefix blocks a restarted engine is served (engine/restart, without tiers): host memory
+# dies with the engine, theirs and ours; ours serves it from a tier (tier/* below).
+RESTART_HITS = {THEIRS: 0, OURS: 0}
+# BlockStored hashes after a 3-block prompt was saved with KV events on (engine/events):
+# their connector yields none (the base class's take_events), ours one per block.
+STORED_EVENTS = {THEIRS: 0, OURS: 3}
 
 
-def _run_harness(connector: str, out: pathlib.Path) -> dict:
+def _run_harness(
+    connector: str, out: pathlib.Path, extra: dict | None = None, only: list[str] | None = None
+) -> dict:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
     # ROOT first: tpu-inference's wheel installs a top-level `tests` package of its own.
     command = [sys.executable, "-m", "tests.tpu_inference.harness", "--out", str(out)]
     command += ["--connector", connector]
+    if extra is not None:
+        command += ["--extra-config", json.dumps(extra)]
+    if only:
+        command += ["--only", *only]
     try:
         proc = subprocess.run(
             command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT_S
@@ -99,8 +114,12 @@ def results(tmp_path_factory):
     return get
 
 
+def _name(connector: str) -> str:
+    return "ours" if connector == OURS else connector.rsplit(":", 1)[-1]
+
+
 @pytest.mark.parametrize("scenario", SCENARIOS)
-@pytest.mark.parametrize("connector", CONNECTORS, ids=lambda c: c.rsplit(":", 1)[-1])
+@pytest.mark.parametrize("connector", CONNECTORS, ids=_name)
 def test_scenario(results, connector, scenario):
     result = results(connector)[scenario]
     known = KNOWN.get(connector, {}).get(scenario)
@@ -115,6 +134,10 @@ def test_scenario(results, connector, scenario):
         pytest.skip(result["facts"]["skipped"])
     if scenario == "engine/restart":
         assert result["facts"]["hits_after_restart"] == RESTART_HITS[connector], result["facts"]
+    if scenario == "engine/events":  # ours: the store's events, as vLLM's KV events
+        facts = result["facts"]
+        assert facts["stored"] == STORED_EVENTS[connector], facts
+        assert facts["stored_hashes_are_the_prompts"] or not facts["stored"], facts
 
 
 def test_environment_is_what_the_docs_say(results):
@@ -127,3 +150,37 @@ def test_environment_is_what_the_docs_say(results):
     if importlib.util.find_spec("torchax") is not None:
         removed = {"aten::prod.dim_Dimname", "aten::index_copy.dimname"}
         assert set(env["removed_overloads"]) <= removed, env
+
+
+def _serve_from_tier(tmp_path: pathlib.Path, tier: dict) -> dict:
+    """One process saves the prompt into `tier`; a fresh one is served it."""
+    extra = {"secondary_tiers": [tier]}
+    saved = _run_harness(OURS, tmp_path / "save.json", extra, ["tier/save"])["tier/save"]
+    assert saved["ok"], saved["error"]
+    served = _run_harness(OURS, tmp_path / "serve.json", extra, ["tier/serve"])["tier/serve"]
+    assert served["ok"], served["error"]
+    return served["facts"]["after"]
+
+
+@pytest.mark.slow
+def test_a_fresh_process_is_served_from_our_disk_tier(tmp_path):
+    directory = tmp_path / "tier"
+    facts = _serve_from_tier(
+        tmp_path, {"type": "disk", "path": str(directory), "capacity_bytes": "1GiB"}
+    )
+    assert facts["matched_tokens"] == 3 * 16 and facts["loaded_chunks"] == 3, facts
+    assert any(directory.rglob("*")), "the disk tier holds no entry"
+
+
+@pytest.mark.slow
+def test_a_second_process_is_served_from_redis(tmp_path):
+    from tests.tiers._helpers import NO_REDIS, REDIS_SERVER, RedisServer
+
+    if REDIS_SERVER is None:
+        pytest.skip(NO_REDIS)
+    server = RedisServer()
+    try:
+        facts = _serve_from_tier(tmp_path, {"type": "redis", "url": server.url})
+        assert facts["matched_tokens"] == 3 * 16 and facts["loaded_chunks"] == 3, facts
+    finally:
+        server.stop()

@@ -62,6 +62,7 @@ METHODS = {
         "record_load": ["req", "loaded_chunk_ids"],
         "clone_and_reset": [],
         "aggregate": ["other"],
+        "is_empty": [],
     },
     # The scheduler's manager: the seam our HostStore adapter fills.
     ("offload/offload_manager.py", "LRUCacheManager"): {
@@ -282,3 +283,54 @@ def test_the_variables_they_read():
     ):
         assert f'"{name}":' in envs, f"tpu_inference/envs.py no longer defines {name}"
     assert "TPU_SKIP_MDS_QUERY" not in envs  # 0.32.0 probes unless the three are set
+
+
+OURS = pathlib.Path(__file__).resolve().parents[2] / "jax_kvoffload/bridge/tpu_inference"
+
+
+def _our_class(relpath: str, name: str) -> ast.ClassDef:
+    module = ast.parse((OURS / relpath).read_text(), filename=relpath)
+    return find(module, ast.ClassDef, name, f"(ours) {relpath}")
+
+
+def _methods(cls: ast.ClassDef) -> dict[str, ast.FunctionDef]:
+    return {n.name: n for n in cls.body if isinstance(n, ast.FunctionDef)}
+
+
+def test_our_connector_has_every_method_of_theirs():
+    """What vLLM and their runner may call on their connector, ours defines, with the
+    same leading parameters (a method they add fails here until ours has it)."""
+    relpath = "offload/tpu_offload_connector.py"
+    theirs = _methods(find(tree(relpath), ast.ClassDef, "TPUOffloadConnector", relpath))
+    ours = _methods(_our_class("_classes.py", "TPUOffloadConnector"))
+    missing = sorted(set(theirs) - set(ours))
+    assert not missing, f"their TPUOffloadConnector has {missing}; ours does not"
+    for name, fn in theirs.items():
+        want, got = params(fn), params(ours[name])
+        assert got[: len(want)] == want, (name, got, want)
+
+
+def test_our_manager_implements_the_calls_their_scheduler_makes():
+    """`StoreManager` has each of the five calls, with their manager's parameters."""
+    manager = find(tree("offload/offload_manager.py"), ast.ClassDef, "LRUCacheManager", "")
+    theirs = _methods(manager)
+    ours = _methods(_our_class("_manager.py", "StoreManager"))
+    for name in MANAGER_CALLS:
+        assert name in ours, f"StoreManager lacks {name}"
+        assert params(ours[name]) == params(theirs[name]), (name, params(theirs[name]))
+
+
+def test_our_scheduler_subclass_replaces_only_the_manager():
+    """`JaxStoreScheduler` overrides nothing of theirs but `__init__`, which calls
+    theirs and then sets `offload_manager`."""
+    cls = _our_class("_classes.py", "JaxStoreScheduler")
+    assert [ast.unparse(b) for b in cls.bases] == ["theirs.TPUOffloadConnectorScheduler"]
+    assert set(_methods(cls)) == {"__init__"}
+    assigned = {
+        t.attr
+        for n in ast.walk(cls)
+        if isinstance(n, ast.Assign)
+        for t in n.targets
+        if isinstance(t, ast.Attribute)
+    }
+    assert "offload_manager" in assigned

@@ -1,22 +1,34 @@
-"""Keeping bookkeeping whole under Ctrl-C, and refusing calls from a second thread.
+"""Interrupt safety, in one place: Ctrl-C held for a step, and one caller at a time.
 
-`deferred_interrupts()` holds back SIGINT for a few lines that must happen together
-(a donated scatter and the assignment of its result; a result taken from the engine and
-recorded in the store). CPython raises `KeyboardInterrupt` between any two bytecodes of
-the main thread: right after a donating jit call returns, the old cache buffers are
-already deleted and the new ones would be lost with the frame. The signal is delivered
-again (to whatever handler was installed) as soon as the block ends, so Ctrl-C still
-interrupts the caller, one consistent step later. Blocking waits never run inside such
-a block: they stay interruptible.
+CPython raises `KeyboardInterrupt` between any two bytecodes of the main thread. Where
+that would split a step that must happen whole (a job registered and queued; a donated
+scatter and the assignment of its result; a result taken from the engine and recorded
+in the store; pins taken and the job that will drop them recorded), the step runs
+inside `deferred_interrupts()`: SIGINT is held and delivered again (to whatever handler
+was installed) as soon as the block ends, so Ctrl-C still interrupts the caller, one
+consistent step later.
+
+Who holds it (docs/architecture.md, "Interrupts"): the public entry points
+(`KVOffloader`'s methods) and the job cores: `transfer/_job_core.py` for both worker
+engines (a job's registration, and its completion with its finish step) and
+`tiers/_job_runner.py` for the tiers (a job queued whole). The layers they call (the
+job book, the tier path, the load plan, the copies) are plain code, run only inside
+such a block or on a worker thread. Blocking
+waits never run inside a block: the entry points wait first (interruptibly, changing
+nothing) and then take the step.
 
 `SingleCaller` makes the objects that are driven from one thread say so when a second
 thread calls in while the first is still inside (instead of corrupting their maps).
+
+Imports nothing of ours: every layer may use it (tests/test_layering.py).
 """
 
 from __future__ import annotations
 
 import signal
 import threading
+
+__all__ = ["DeferredInterrupts", "SingleCaller", "deferred_interrupts"]
 
 _state = threading.local()
 
