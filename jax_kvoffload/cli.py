@@ -7,6 +7,7 @@ never initialises JAX backends.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 
 
@@ -88,7 +89,7 @@ def _demo(args: argparse.Namespace) -> int:
     try:
         cfg = _demo_config(args)
     except demo.DemoConfigError as exc:
-        return _fail(str(exc))
+        return _fail(_in_flags(str(exc)))
     except Exception as exc:
         from jax_kvoffload.errors import KVOffloadError
 
@@ -118,6 +119,22 @@ def _demo(args: argparse.Namespace) -> int:
     else:
         print(demo.format_summary(summary))
     return 0 if summary["passed"] else 1
+
+
+# The demo's config fields by the flags that set them: an error names what was typed.
+_FLAGS = {
+    "vocab_size": "--vocab", "num_layers": "--layers", "num_heads": "--heads",
+    "num_kv_heads": "--kv-heads", "head_dim": "--head-dim", "ffn_dim": "--ffn-dim",
+    "block_size": "--block-size", "prompt_blocks": "--prompt-blocks",
+    "suffix_tokens": "--suffix-tokens", "decode_tokens": "--decode-tokens",
+    "blocks_per_chunk": "--blocks-per-chunk",
+}  # fmt: skip
+
+
+def _in_flags(message: str) -> str:
+    """`message` followed by the flags of the config fields it names (`name=`)."""
+    flags = [f for name, f in _FLAGS.items() if re.search(rf"\b{name}=", message)]
+    return f"{message} [{', '.join(flags)}]" if flags else message
 
 
 def _demo_config(args: argparse.Namespace):

@@ -56,14 +56,42 @@ def _is_compact(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
     return True
 
 
+# Devices whose memory DLPack exports and JAX imports (torch's kDLCPU, kDLCUDA, kDLROCM).
+# A meta tensor has no memory at all; other devices (mps, xpu, hpu, privateuse1) fail
+# inside torch's exporter with an untyped ValueError, after our checks passed.
+_DLPACK_DEVICES = ("cpu", "cuda")
+# torch's bit types pack 1-7 bits per element: the kernels move whole bytes.
+_SUB_BYTE = {f"{kind}{bits}": bits for kind in ("int", "uint") for bits in range(1, 8)}
+
+
+class UnsupportedTensorError(KVOffloadValueError):
+    """A tensor on a device DLPack cannot export, or of a sub-byte dtype."""
+
+
 def check_tensor(tensor: Any, name: str = "tensor") -> None:
-    """Raises `KVOffloadTypeError` unless `tensor` is a torch tensor."""
+    """Raises `KVOffloadTypeError` unless `tensor` is a torch tensor, and
+    `UnsupportedTensorError` unless its memory can be exported (cpu, cuda) and its
+    elements are whole bytes."""
     import torch
 
     if not isinstance(tensor, torch.Tensor):
         raise KVOffloadTypeError(
             f"{name} must be a torch.Tensor, got {type(tensor).__name__}; wrap numpy data "
             "with torch.from_numpy first"
+        )
+    device = tensor.device.type
+    if device not in _DLPACK_DEVICES:
+        what = "has no memory (a meta tensor)" if device == "meta" else "is not one DLPack exports"
+        raise UnsupportedTensorError(
+            f"{name} is on device {str(tensor.device)!r}, which {what}: pass the tensor "
+            f"the engine computes with, on one of {_DLPACK_DEVICES} (move it with .to('cpu'))"
+        )
+    dtype = str(tensor.dtype).removeprefix("torch.")
+    if dtype in _SUB_BYTE:
+        raise UnsupportedTensorError(
+            f"{name} has dtype {dtype} ({_SUB_BYTE[dtype]} bits per element), which the "
+            "kernels cannot move (they move whole bytes); view the packed storage as "
+            "uint8 words (tensor.view(torch.uint8)) and pass that"
         )
 
 

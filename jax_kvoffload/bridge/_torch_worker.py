@@ -48,6 +48,7 @@ from jax_kvoffload.bridge._job_plan import JobSpecError, TensorMove, int_ids, pl
 from jax_kvoffload.bridge._tensor_bytes import TensorBytes, UnitRows
 from jax_kvoffload.bridge._torch_dma import SlotDMA, page_lock, page_unlock
 from jax_kvoffload.bridge._torch_streams import copy_stream, submit_event
+from jax_kvoffload.config.internals import checked_arguments
 from jax_kvoffload.errors import KVOffloadStateError, KVOffloadTypeError
 from jax_kvoffload.hostmem import HostChunkPool, HostPool, build_host_pool
 from jax_kvoffload.stats import TransferTally, TransferTotals
@@ -126,6 +127,7 @@ def _check_int(name: str, value: Any, minimum: int) -> int:
     return int(value)
 
 
+@checked_arguments
 class TorchKVWorker:
     """Moves blocks between torch KV tensors and a host chunk pool.
 
@@ -181,8 +183,15 @@ class TorchKVWorker:
         num_chunks = _check_int("num_chunks", num_chunks, 0)
         bucket_sizes(0, max_bucket)  # validates max_bucket
         max_staging_bytes = _check_int("max_staging_bytes", max_staging_bytes, 0)
+        for what, value in (("tensors", tensors), ("group_refs", group_refs)):
+            if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+                raise KVOffloadTypeError(
+                    f"{what} must be a list (vLLM's CanonicalKVCaches.{what}), got "
+                    f"{type(value).__name__} {value!r:.40}; pass e.g. "
+                    + ("[(tensor, page_size_bytes)]" if what == "tensors" else "[[(0, page)]]")
+                )
         self._geo = [
-            TensorBytes.of(*_pair("tensors", i, pair), name=f"tensor {i}")
+            TensorBytes.of(*_pair("tensors", i, pair), name=f"tensors[{i}]")
             for i, pair in enumerate(tensors)
         ]
         self._group_refs = [

@@ -52,6 +52,7 @@ from jax_kvoffload.config._kv_cache import KVCacheGroupRole as KVCacheGroupRole
 from jax_kvoffload.config._kv_cache import KVCacheGroupSpec as KVCacheGroupSpec
 from jax_kvoffload.config._kv_cache import KVCacheLayout as KVCacheLayout
 from jax_kvoffload.config._kv_cache import KVCacheTensor as KVCacheTensor
+from jax_kvoffload.config._signature import check_arguments_of as _check_arguments_of
 from jax_kvoffload.config._specs import AttentionSpec as AttentionSpec
 from jax_kvoffload.config._specs import ChunkedLocalAttentionSpec as ChunkedLocalAttentionSpec
 from jax_kvoffload.config._specs import CircularBufferSpec as CircularBufferSpec
@@ -151,3 +152,6 @@ __all__ = [  # noqa: RUF022
     "WindowSpecError",
     "CanonicalLayoutError",
 ]
+
+# Public constructors refuse unknown keywords (a misspelt option) with a typed error.
+_check_arguments_of(globals()[_name] for _name in __all__)

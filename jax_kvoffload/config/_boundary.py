@@ -37,10 +37,10 @@ class OffloadingGroupConfig:
     sliding_window_size_in_chunks: int | None = None
 
     def __post_init__(self) -> None:
-        v.int_fields(self, "tokens_per_block", minimum=1)
+        v.int_fields(self, "tokens_per_block", minimum=1, bounded=False)
         object.__setattr__(self, "layer_names", v.check_names("layer_names", self.layer_names))
-        v.int_fields(self, "group_id", minimum=0)
-        v.optional_int_fields(self, "sliding_window_size_in_chunks", minimum=0)
+        v.int_fields(self, "group_id", minimum=0, bounded=False)
+        v.optional_int_fields(self, "sliding_window_size_in_chunks", minimum=0, bounded=False)
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,7 @@ class OffloadingModelConfig:
 
     def __post_init__(self) -> None:
         v.str_fields(self, "name", "dtype")
-        v.int_fields(self, "max_model_len", minimum=0)
+        v.int_fields(self, "max_model_len", minimum=0, bounded=False)
 
 
 @dataclass(frozen=True)
@@ -70,8 +70,8 @@ class OffloadingCacheConfig:
     blocks_per_chunk: int
 
     def __post_init__(self) -> None:
-        v.int_fields(self, "tokens_per_hash", minimum=1)
-        v.int_fields(self, "blocks_per_chunk", minimum=0)
+        v.int_fields(self, "tokens_per_hash", minimum=1, bounded=False)
+        v.int_fields(self, "blocks_per_chunk", minimum=0, bounded=False)
 
 
 @dataclass(frozen=True)
@@ -92,8 +92,8 @@ class OffloadingParallelConfig:
     def __post_init__(self) -> None:
         # >= 0, not >= 1: vLLM's own test doubles build scheduler configs with no workers.
         sizes = ("world_size", "tp_size", "pp_size", "pcp_size", "dcp_size", "data_parallel_size")
-        v.int_fields(self, "rank", "data_parallel_index", *sizes, minimum=0)
-        v.optional_int_fields(self, "data_parallel_rank_local", minimum=0)
+        v.int_fields(self, "rank", "data_parallel_index", *sizes, minimum=0, bounded=False)
+        v.optional_int_fields(self, "data_parallel_rank_local", minimum=0, bounded=False)
         v.bool_fields(self, "is_parallelism_agnostic")
 
 
@@ -133,7 +133,7 @@ class OffloadingConfig:
         for i, g in enumerate(groups):
             _check_type(f"groups[{i}]", g, OffloadingGroupConfig)
         object.__setattr__(self, "groups", groups)
-        v.int_fields(self, "worker_kv_bytes_per_block", minimum=0)
+        v.int_fields(self, "worker_kv_bytes_per_block", minimum=0, bounded=False)
         v.bool_fields(self, "enable_kv_cache_events", "replicated_layout", "canonical_layout")
         object.__setattr__(self, "extra_config", FrozenDict(self.extra_config))
         v.str_fields(self, "engine_id")

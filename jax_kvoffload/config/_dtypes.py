@@ -33,21 +33,44 @@ _ML_DTYPES = {
         "float8_e4m3b11fnuz",
         "float8_e5m2",
         "float8_e5m2fnuz",
-        "int4",
-        "uint4",
     )
     if hasattr(ml_dtypes, name)
 }
 
+# Sub-byte types: the kernels, DLPack and the host pools move whole bytes, and XLA packs
+# these two or more to a byte on some backends and not on others; engines keep packed
+# 4-bit caches as uint8 words (vLLM's int4_per_token_head, nvfp4 modes do the same).
+_SUB_BYTE = {"int2": 2, "uint2": 2, "int4": 4, "uint4": 4, "float4_e2m1fn": 4,
+             "float6_e2m3fn": 6, "float6_e3m2fn": 6}  # fmt: skip
+
+
+def sub_byte_bits(dtype: object) -> int | None:
+    """Bits per element of a sub-byte dtype (int4: 4), None for whole-byte ones."""
+    try:
+        return _SUB_BYTE.get(np.dtype(dtype).name)  # type: ignore[call-overload]
+    except TypeError:
+        return None
+
+
+def _sub_byte(name: str, value: object, field: str) -> ConfigFieldError:
+    return ConfigFieldError(
+        field,
+        f"{value!r} is a sub-byte dtype ({_SUB_BYTE[name]} bits), which the kernels cannot "
+        "move (they move whole bytes); keep the packed values in uint8 words and pass "
+        "'uint8' (or a packed cache_dtype such as 'int4_per_token_head')",
+    )
+
 
 # numpy kinds a KV cache can hold: floats and (un)signed integers. ml_dtypes' types
-# (bfloat16, fp8, int4) are kind "V" and are listed in _ML_DTYPES instead.
+# (bfloat16, fp8) are kind "V" and are listed in _ML_DTYPES instead.
 _NUMERIC_KINDS = frozenset("fiu")
 _EXAMPLES = "'bfloat16', 'float16', 'float32', 'float8_e4m3fn', 'int8' or 'uint8'"
 
 
 def _checked(dtype: np.dtype, value: object, field: str) -> np.dtype:
     # object, complex, bool, str, datetime and struct dtypes are no KV cache element.
+    if dtype.name in _SUB_BYTE:
+        raise _sub_byte(dtype.name, value, field)
     if dtype.kind in _NUMERIC_KINDS or dtype in _ML_DTYPES.values():
         return dtype
     raise ConfigFieldError(
@@ -71,6 +94,8 @@ def as_dtype(value: object, field: str = "dtype") -> np.dtype:
     if isinstance(value, str):
         name = value.removeprefix("torch.")
         name = _ALIASES.get(name, name)
+        if name in _SUB_BYTE:
+            raise _sub_byte(name, value, field)
         if name in _ML_DTYPES:
             return _ML_DTYPES[name]
         try:

@@ -39,7 +39,9 @@ def layout_name(value: object, field: str = "kv_cache_layout") -> str | None:
 def _items(field: str, value: object, cls: type) -> tuple[Any, ...]:
     if isinstance(value, (str, set, frozenset, Mapping)) or not isinstance(value, Iterable):
         raise ConfigTypeError(
-            field, f"must be a list or tuple of {cls.__name__}, got {type(value).__name__}"
+            field,
+            f"must be a list or tuple of {cls.__name__}, got {type(value).__name__}; pass "
+            "() for none",
         )
     items = tuple(value)
     for i, item in enumerate(items):

@@ -65,6 +65,9 @@ class TierConfigError(OffloadConfigError):
         return TierConfigError(where, self.key, self._raw_value, self.reason)
 
 
+MAX_SIZE = 2**63 - 1
+
+
 def _is_int(value: Any) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
@@ -85,12 +88,18 @@ def check_size(where: str, key: str, value: Any, *, minimum: int = 1) -> int:
         )
     if n < minimum:
         raise TierConfigError(where, key, value, f"must be at least {minimum} bytes")
+    if n > MAX_SIZE:  # offsets, lengths and the index are int64, as are the OS's
+        raise TierConfigError(
+            where, key, value, f"is past int64 ({MAX_SIZE}); use a size the machine has"
+        )
     return n
 
 
 def check_int(where: str, key: str, value: Any, *, minimum: int, maximum: int) -> int:
     if not _is_int(value):
-        raise TierConfigError(where, key, value, f"must be an int in [{minimum}, {maximum}]")
+        raise TierConfigError(
+            where, key, value, f"must be an int in [{minimum}, {maximum}]; use e.g. {minimum}"
+        )
     if not minimum <= value <= maximum:
         fix = minimum if value < minimum else maximum
         raise TierConfigError(where, key, value, f"must be in [{minimum}, {maximum}]; use {fix}")
@@ -123,7 +132,9 @@ def check_opt_str(where: str, key: str, value: Any) -> str | None:
 
 def check_path(where: str, key: str, value: Any) -> str:
     if not isinstance(value, str) or not value or "\0" in value:
-        raise TierConfigError(where, key, value, "must be a directory path string (no NUL)")
+        raise TierConfigError(
+            where, key, value, 'must be a directory path string (no NUL), e.g. "/var/cache/jkv"'
+        )
     return value
 
 

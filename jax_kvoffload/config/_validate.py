@@ -19,6 +19,8 @@ import numpy as np
 from jax_kvoffload.config._errors import ConfigFieldError, ConfigTypeError
 
 _SHOW_LIMIT = 80
+# Sizes, counts and ids travel as int64 (numpy, XLA, the OS): larger ones overflow there.
+MAX_INT = 2**63 - 1
 
 
 def show(value: object) -> str:
@@ -41,8 +43,11 @@ def is_int(value: object) -> TypeGuard[numbers.Integral]:
     return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
 
 
-def check_int(field: str, value: object, *, minimum: int | None = None) -> int:
-    """An integer (numpy's too, not a bool) at least `minimum`, returned as a Python int."""
+def check_int(
+    field: str, value: object, *, minimum: int | None = None, bounded: bool = True
+) -> int:
+    """An integer (numpy's too, not a bool) at least `minimum`, returned as a Python int;
+    `bounded`: within int64 (the boundary's fields, vLLM's results, are not bounded)."""
     if not is_int(value):
         raise ConfigTypeError(field, f"must be an int, got {_typed(value)}")
     value = int(value)
@@ -50,11 +55,19 @@ def check_int(field: str, value: object, *, minimum: int | None = None) -> int:
         raise ConfigFieldError(
             field, f"must be >= {minimum}, got {show(value)}; use {minimum} or more"
         )
+    if bounded and abs(value) > MAX_INT:
+        raise ConfigFieldError(
+            field,
+            f"{show(value)} is past int64 ({MAX_INT}), where sizes and counts overflow; "
+            "use the engine's real value",
+        )
     return value
 
 
-def check_optional_int(field: str, value: object, *, minimum: int | None = None) -> int | None:
-    return None if value is None else check_int(field, value, minimum=minimum)
+def check_optional_int(
+    field: str, value: object, *, minimum: int | None = None, bounded: bool = True
+) -> int | None:
+    return None if value is None else check_int(field, value, minimum=minimum, bounded=bounded)
 
 
 def check_bool(field: str, value: object) -> bool:
@@ -90,7 +103,7 @@ def check_names(field: str, value: object) -> tuple[str, ...]:
     """
     if isinstance(value, (str, bytes, set, frozenset)) or not isinstance(value, Iterable):
         raise ConfigTypeError(
-            field, f"must be a list or tuple of str, got {_typed(value)}; e.g. ('layer.0',)"
+            field, f"must be a list or tuple of str, got {_typed(value)}; pass e.g. ('layer.0',)"
         )
     names = tuple(value)
     for i, name in enumerate(names):
@@ -104,12 +117,14 @@ def set_fields(obj: Any, check: Any, names: Iterable[str], **kw: Any) -> None:
         object.__setattr__(obj, name, check(name, getattr(obj, name), **kw))
 
 
-def int_fields(obj: Any, *names: str, minimum: int | None = None) -> None:
-    set_fields(obj, check_int, names, minimum=minimum)
+def int_fields(obj: Any, *names: str, minimum: int | None = None, bounded: bool = True) -> None:
+    set_fields(obj, check_int, names, minimum=minimum, bounded=bounded)
 
 
-def optional_int_fields(obj: Any, *names: str, minimum: int | None = None) -> None:
-    set_fields(obj, check_optional_int, names, minimum=minimum)
+def optional_int_fields(
+    obj: Any, *names: str, minimum: int | None = None, bounded: bool = True
+) -> None:
+    set_fields(obj, check_optional_int, names, minimum=minimum, bounded=bounded)
 
 
 def bool_fields(obj: Any, *names: str) -> None:

@@ -23,6 +23,7 @@ from jax_kvoffload.config._describe import (
 from jax_kvoffload.config._describe import load_description as load_description
 from jax_kvoffload.config._describe import spec_from_dict as spec_from_dict
 from jax_kvoffload.config._dtypes import as_dtype as as_dtype
+from jax_kvoffload.config._dtypes import sub_byte_bits as sub_byte_bits
 from jax_kvoffload.config._errors import KVOffloadError as KVOffloadError
 from jax_kvoffload.config._errors import KVOffloadStateError as KVOffloadStateError
 from jax_kvoffload.config._errors import KVOffloadTypeError as KVOffloadTypeError
@@ -35,6 +36,8 @@ from jax_kvoffload.config._gates import Verdict as Verdict
 from jax_kvoffload.config._gates import spec_certifiable as spec_certifiable
 from jax_kvoffload.config._host_tier import HOST_POOLS as HOST_POOLS
 from jax_kvoffload.config._medium import Medium as Medium
+from jax_kvoffload.config._signature import SignatureError as SignatureError
+from jax_kvoffload.config._signature import checked_arguments as checked_arguments
 from jax_kvoffload.config._specs import iter_layer_specs as iter_layer_specs
 from jax_kvoffload.config._specs import kv_quant_mode_for as kv_quant_mode_for
 from jax_kvoffload.config._tier_kinds import TierKind as TierKind
@@ -72,12 +75,14 @@ __all__ = [
     "KVOffloadTypeError",
     "KVOffloadValueError",
     "Medium",
+    "SignatureError",
     "TierKind",
     "TierOptions",
     "Verdict",
     "as_dtype",
     "certify",
     "check_int",
+    "checked_arguments",
     "engine_config_from_dict",
     "freeze",
     "from_trusted_fields",
@@ -96,6 +101,7 @@ __all__ = [
     "show",
     "spec_certifiable",
     "spec_from_dict",
+    "sub_byte_bits",
     "thaw",
     "tier_config_from_dict",
     "tier_kind_for_vllm_class",

@@ -9,6 +9,7 @@ runs only once jax has found its devices, so that check comes last.
 
 from __future__ import annotations
 
+import os
 import socket
 import urllib.parse
 from collections.abc import Callable
@@ -123,6 +124,7 @@ class ScenarioConfig:
                 f"blocks_per_chunk={self.blocks_per_chunk} blocks: nothing could be offloaded; "
                 f"use prompt_blocks >= {self.blocks_per_chunk}"
             )
+        _check_footprint(self)
         check_kernel_backend(self.kernel_backend)  # last: imports jax unless "auto"
 
     @property
@@ -144,6 +146,45 @@ class ScenarioConfig:
     def offloaded_blocks(self) -> int:
         """A's prefix blocks in whole chunks: what B can hit."""
         return self.offloaded_chunks * self.blocks_per_chunk
+
+
+def footprint(cfg: ScenarioConfig) -> tuple[int, int]:
+    """(cache bytes, weight bytes) the demo allocates on the device, about: every layer's
+    uint32 cache of 3 sequences' blocks plus a chunk, and float32 weights; the host tier
+    holds a copy of the offloaded part."""
+    m = cfg.model
+    blocks = 3 * cfg.max_blocks_per_seq + cfg.blocks_per_chunk
+    cache = m.num_layers * blocks * 2 * cfg.block_size * m.num_kv_heads * m.head_dim * 4
+    kv = m.num_kv_heads * m.head_dim
+    layer = m.d_model * (m.d_model * 2 + kv * 2) + 3 * m.d_model * m.ffn_dim
+    return cache, 4 * (2 * m.vocab_size * m.d_model + m.num_layers * layer)
+
+
+def _memory_bytes() -> int | None:
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):  # not a POSIX sysconf: no bound known
+        return None
+
+
+def _check_footprint(cfg: ScenarioConfig) -> None:
+    # Sizes are unbounded ints: `--block-size 1000000000` would ask XLA for terabytes
+    # after the 8-17 s of importing jax, and fail (or swap) there with no word of which
+    # flag; say it now, in the flags' terms.
+    cache, weights = footprint(cfg)
+    memory = _memory_bytes()
+    limit = memory // 2 if memory else 1 << 50
+    if cache + weights > limit:
+        raise DemoConfigError(
+            f"the demo's sizes need about {_gib(cache)} of KV cache and {_gib(weights)} of "
+            f"weights, more than half this machine's {_gib(memory or 0)} of memory; lower "
+            "--block-size, --prompt-blocks, --suffix-tokens, --layers, --kv-heads, "
+            "--head-dim, --vocab or --ffn-dim (the defaults take about 40 MiB)"
+        )
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.3g} GiB"
 
 
 def check_mesh_sizes(sizes: object, kv_heads: int) -> None:
@@ -232,8 +273,8 @@ def tier_entry(spec: str) -> dict:
             "local_hostname": query.get("local", ["127.0.0.1"])[0],
         }
     raise DemoConfigError(
-        f"--tier {spec!r}: must be disk:PATH (a directory), redis://HOST:PORT (a running "
-        "Redis or Valkey server) or mooncake://HOST:PORT (a Mooncake Store's master)"
+        f"--tier {_shown(spec)!r}: must be disk:PATH (a directory), redis://HOST:PORT (a "
+        "running Redis or Valkey server) or mooncake://HOST:PORT (a Mooncake Store's master)"
     )
 
 
@@ -299,8 +340,11 @@ def _check_reachable(spec: str, endpoint: dict, kind: str = "redis") -> None:
 
 def _shown(spec: str) -> str:
     """`spec` without a password written in its URL (errors end up in logs)."""
-    parts = urllib.parse.urlsplit(spec)
-    if parts.password is None:
-        return spec
+    try:
+        parts = urllib.parse.urlsplit(spec)
+        if parts.password is None:
+            return spec
+    except ValueError:  # not a URL urllib can split (a bad port, brackets)
+        return spec.split("@")[-1] if "@" in spec else spec
     user = parts.username or ""
     return parts._replace(netloc=f"{user}:***@{parts.netloc.rpartition('@')[2]}").geturl()

@@ -10,6 +10,7 @@ and from the first warning the tiers logged about that tier (captured by `TierLo
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import urllib.parse
 
@@ -52,9 +53,11 @@ class TierLog(logging.Handler):
     def about(self, spec: str) -> str | None:
         """The first warning that names the tier of `spec` (its path, host:port or
         socket), or None."""
-        needle = _where(spec)
+        # The name whole: a warning about disk:/tmp/ab is not about disk:/tmp/a, nor one
+        # about port 63790 about 6379 (a path inside the tier's directory still is).
+        needle = re.compile(re.escape(_where(spec)) + r"(?![\w.-])")
         with self._lock_messages:
-            return next((m for m in self.messages if needle in m), None)
+            return next((m for m in self.messages if needle.search(m)), None)
 
 
 def _where(spec: str) -> str:

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from jax_kvoffload.config.internals import checked_arguments
 from jax_kvoffload.hostmem._indices import check_index
 from jax_kvoffload.hostmem._pool_base import HostPool, HostPoolError
 from jax_kvoffload.hostmem._strided import copy_rows
@@ -19,6 +20,7 @@ from jax_kvoffload.hostmem._strided import copy_rows
 __all__ = ["HostChunkPool", "HostPoolError"]
 
 
+@checked_arguments
 class HostChunkPool(HostPool):
     """`num_chunks` rows per group of raw bytes (numpy uint8, host memory), allocated
     once: every store copies its blocks into them (one host copy after the D2H).
@@ -51,10 +53,12 @@ class HostChunkPool(HostPool):
                     g: np.zeros((num_chunks, blocks_per_chunk * b), dtype=np.uint8)
                     for g, b in self.bytes_per_block.items()
                 }
-            except ValueError:  # numpy: "Maximum allowed dimension exceeded"
+            except (ValueError, MemoryError):  # "Maximum allowed dimension exceeded", OOM
                 need = self.nbytes_for(num_chunks, self.bytes_per_block, blocks_per_chunk)
                 raise HostPoolError(
-                    f"num_chunks={num_chunks} needs {need} bytes of host memory: lower it"
+                    f"num_chunks={num_chunks} x blocks_per_chunk={blocks_per_chunk} x "
+                    f"bytes_per_block={self.bytes_per_block} needs {need} bytes of host "
+                    "memory: lower num_chunks (or blocks_per_chunk)"
                 ) from None
         else:
             self._rows = self._carve(buffer)

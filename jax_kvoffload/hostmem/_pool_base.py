@@ -18,6 +18,8 @@ from jax_kvoffload.hostmem._indices import check_index, check_indices
 
 __all__ = ["HostPool", "HostPoolError"]
 
+_MAX_BYTES = 2**63 - 1
+
 
 class HostPoolError(KVOffloadValueError):
     """A chunk id or row is outside the pool."""
@@ -159,7 +161,7 @@ class HostPool(ABC):
         if not isinstance(bytes_per_block, Mapping):
             raise KVOffloadTypeError(
                 f"bytes_per_block must be a mapping group id -> bytes, got "
-                f"{type(bytes_per_block).__name__}"
+                f"{type(bytes_per_block).__name__} {bytes_per_block!r:.40}; pass e.g. {{0: 4096}}"
             )
         widths = {}
         for g, b in bytes_per_block.items():
@@ -167,6 +169,13 @@ class HostPool(ABC):
             if width < 1:
                 raise HostPoolError(f"bytes_per_block[{g!r}]={width} must be >= 1")
             widths[check_index("group id", g)] = width
+        row = blocks_per_chunk * sum(widths.values())
+        if num_chunks * row > _MAX_BYTES:  # numpy, mmap and the OS index bytes as int64
+            raise HostPoolError(
+                f"num_chunks={num_chunks} x blocks_per_chunk={blocks_per_chunk} x "
+                f"bytes_per_block={widths} is {num_chunks * row} bytes, past int64: lower "
+                "num_chunks, blocks_per_chunk or bytes_per_block"
+            )
         self.num_chunks = num_chunks
         self.blocks_per_chunk = blocks_per_chunk
         self.bytes_per_block = widths

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import cast
 
 from jax_kvoffload._log_once import log_once
-from jax_kvoffload.errors import KVOffloadStateError
+from jax_kvoffload.errors import KVOffloadStateError, KVOffloadTypeError
 from jax_kvoffload.hostmem import HostPool
 from jax_kvoffload.offloader._tier_stats import TierCounts
 from jax_kvoffload.store import HostStore, LookupResult, OffloadKey
@@ -442,8 +442,14 @@ def _job_result(future: Future[TierJobResult]) -> TierJobResult:
     """A tier job's result; a buffer of the wrong length (another geometry's entry under
     a key of ours) is logged once and its keys are misses, the others as they ended."""
     try:
-        return future.result()
+        result = future.result()
     except TierBufferSizeError as e:
         # Debug after the first: it recurs for every such key and says nothing new.
         log_once(logger, "tier-size", "secondary tier: %s; such keys are misses", e)
         return cast(TierJobResult, e.result)  # set before the future raises
+    if not isinstance(result, TierJobResult):  # a third-party tier's bug: its keys fail
+        raise KVOffloadTypeError(
+            f"a secondary tier's job future returned {type(result).__name__}, not a "
+            "TierJobResult; its store and load jobs must each resolve to one"
+        )
+    return result

@@ -16,6 +16,7 @@ import numpy as np
 from jax_kvoffload.assembly import HostTierParts, assemble_host_tier, engine_pages
 from jax_kvoffload.config import OffloadingConfig, host_tier_config
 from jax_kvoffload.errors import KVOffloadError, KVOffloadTypeError, KVOffloadValueError
+from jax_kvoffload.hostmem import HostPoolError
 from jax_kvoffload.hostmem.internals import check_indices
 from jax_kvoffload.store import KeyNotReadyError
 from jax_kvoffload.tiers import SecondaryTier
@@ -219,6 +220,12 @@ def assemble(
                 next(iter(gc.arrays[0].devices())).platform != "cpu" for gc in caches.values()
             ),
         )
+    except HostPoolError as e:  # the pool's sizes come from the caller's budget
+        raise OffloaderError(
+            f"cpu_bytes_to_use={host.cpu_bytes_to_use} with blocks_per_chunk="
+            f"{config.cache.blocks_per_chunk}: {e}; lower cpu_bytes_to_use (or "
+            "blocks_per_chunk in the extra config)"
+        ) from None
     except KVOffloadError:
         raise
     except TypeError as e:  # the store's own checks: their message, our error root

@@ -38,6 +38,7 @@ import numpy as np
 from jax_kvoffload._interrupts import SingleCaller, deferred_interrupts
 from jax_kvoffload.assembly import engine_pages
 from jax_kvoffload.config import OffloadingConfig
+from jax_kvoffload.config.internals import checked_arguments
 from jax_kvoffload.errors import KVOffloadStateError
 from jax_kvoffload.hostmem.internals import check_index
 from jax_kvoffload.offloader._accounting import OffloaderAccounting
@@ -81,6 +82,7 @@ class OffloaderStateError(KVOffloadStateError):
     """The offloader cannot take the call now (closed, or busy in another thread)."""
 
 
+@checked_arguments
 class KVOffloader:
     """Offloads KV chunks of a JAX engine to host memory (and secondary tiers) and
     loads them back.
@@ -91,8 +93,9 @@ class KVOffloader:
         `jax_kvoffload.config.host_tier_config`) size and shape the host tier.
       caches: group id -> `GroupCaches`, or one `GroupCaches` for the first group. The
         offloader owns the arrays afterwards: read them back with `caches(group)`. They
-        must match the config: one array per layer (K and V each with
-        `KVStacking.SEPARATE`), the config's dtype width and tokens per block.
+        must match the config (`CacheConfigMismatchError` otherwise; docs/errors.md):
+        one array per layer (K and V each with `KVStacking.SEPARATE`), the config's
+        dtype (or uint words of its width), tokens per block and bytes per block.
       cpu_bytes_to_use: host budget; defaults to the extra config's `cpu_bytes_to_use`.
       eviction_policy: "lru" or "arc"; defaults to the extra config's, else "lru".
       host_pool: "numpy" (rows allocated once) or "pinned" (the host arrays of the

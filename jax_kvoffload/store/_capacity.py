@@ -35,6 +35,9 @@ class CPUTierCapacity:
         return self.num_chunks * self.kv_bytes_per_chunk
 
 
+_INT64 = 2**63 - 1
+
+
 def _parse_budget(cpu_bytes_to_use: object) -> int:
     if cpu_bytes_to_use is None:
         raise CapacityError(
@@ -56,6 +59,11 @@ def _parse_budget(cpu_bytes_to_use: object) -> int:
         raise CapacityError(
             f"{MISSING_BUDGET_MESSAGE}: cpu_bytes_to_use={cpu_bytes_to_use!r} must be > 0."
         )
+    if budget > _INT64:  # host memory is indexed by int64 (numpy, mmap, the OS)
+        raise CapacityError(
+            f"cpu_bytes_to_use={budget} is past int64 ({_INT64} bytes); use the host "
+            'memory to give the tier, e.g. {"cpu_bytes_to_use": 8 << 30} for 8 GiB.'
+        )
     return budget
 
 
@@ -64,6 +72,8 @@ def _check_count(name: str, value: object, minimum: int) -> int:
         raise StoreTypeError(f"{name} must be an int, got {type(value).__name__}: {value!r}.")
     if value < minimum:
         raise CapacityError(f"{name}={value} must be >= {minimum}.")
+    if value > _INT64:
+        raise CapacityError(f"{name}={value} is past int64 ({_INT64}); use the engine's value.")
     return value
 
 

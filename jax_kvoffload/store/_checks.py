@@ -15,6 +15,10 @@ def check_int(name: str, value: object, minimum: int) -> int:
         raise StoreTypeError(f"{name} must be an int, got {type(value).__name__}: {value!r}.")
     if value < minimum:
         raise StoreError(f"{name}={value} must be >= {minimum}.")
+    if value > 2**63 - 1:  # counts travel as int64 (numpy, the policies' arrays)
+        raise StoreError(
+            f"{name}={value} is past int64 ({2**63 - 1}); use the number the host can hold."
+        )
     return value
 
 

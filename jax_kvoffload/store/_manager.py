@@ -6,6 +6,8 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import NamedTuple, TypeVar, final
 
+from jax_kvoffload.config.internals import checked_arguments
+
 from ._access import RequestAccess, access_state, finished_key_groups
 from ._capacity import HOST_PAGE_SIZE, cpu_tier_capacity
 from ._checks import check_int, need_context, not_bytes
@@ -49,6 +51,7 @@ _new_output = tuple.__new__
 
 
 @final
+@checked_arguments
 class HostStore:
     """Bookkeeping of the host chunk pool: what is stored where, pins, eviction, events.
 
@@ -116,6 +119,7 @@ class HostStore:
         self.lookup = self.lookup_function(_MISS, _HIT, _HIT_PENDING)  # type: ignore[method-assign]
 
     @classmethod
+    @checked_arguments
     def from_cpu_budget(
         cls,
         cpu_bytes_to_use: int | str | None,

@@ -5,17 +5,21 @@ from __future__ import annotations
 import concurrent.futures as cf
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
-from jax_kvoffload.errors import KVOffloadTypeError
+import numpy as np
+
+from jax_kvoffload.errors import KVOffloadTypeError, KVOffloadValueError
 from jax_kvoffload.tiers._checks import check_keys
 from jax_kvoffload.tiers._errors import TierClosedError
 
 __all__ = ["KeyFlags", "SecondaryTier", "TierCounters", "TierJobResult"]
 
 Buffer = Any  # any object exporting a contiguous buffer (bytes, memoryview, numpy array)
+
+_NONE = object()
 
 
 _AMBIGUOUS = (
@@ -64,7 +68,32 @@ class TierJobResult:
     seconds: float = 0.0
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "ok", KeyFlags(self.ok))
+        # A third-party tier builds these: a flag that is not a bool ("no" is truthy), or
+        # fewer flags than keys, would read as success or fail later, far from the tier.
+        if self.kind not in ("store", "load"):
+            raise KVOffloadValueError(
+                f"TierJobResult.kind={self.kind!r} must be 'store' or 'load'; pass the job's"
+            )
+        if isinstance(self.keys, (str, bytes)) or not isinstance(self.keys, Iterable):
+            raise KVOffloadTypeError(
+                f"TierJobResult.keys must be a tuple of the job's keys (bytes), got "
+                f"{type(self.keys).__name__}; pass the keys the job was given"
+            )
+        if isinstance(self.ok, (bool, np.bool_)) or not isinstance(self.ok, Iterable):
+            raise KVOffloadTypeError(
+                f"TierJobResult.ok must be one bool per key, got {type(self.ok).__name__} "
+                f"{self.ok!r:.40}; pass e.g. (True,) * len(keys)"
+            )
+        keys, ok = tuple(self.keys), tuple(self.ok)
+        bad = next((f for f in ok if not isinstance(f, (bool, np.bool_))), _NONE)
+        if bad is not _NONE or len(ok) != len(keys):
+            raise KVOffloadValueError(
+                f"TierJobResult.ok must be one bool per key ({len(keys)} keys), got "
+                f"{len(ok)} flags{'' if bad is _NONE else f' including {bad!r:.40}'}; pass "
+                "True or False for each key, in submission order"
+            )
+        object.__setattr__(self, "keys", keys)
+        object.__setattr__(self, "ok", KeyFlags(bool(f) for f in ok))
 
     def __bool__(self) -> bool:
         raise KVOffloadTypeError(_AMBIGUOUS.format(what="a TierJobResult"))

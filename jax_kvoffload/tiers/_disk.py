@@ -43,6 +43,7 @@ from jax_kvoffload.tiers._disk_fs import (
     StagingBuffer,
     describe_file,
     entry_name,
+    exact_mode,
     make_shards,
     open_private_dir,
     open_private_root,
@@ -326,6 +327,7 @@ class DiskTier(SecondaryTier):
             self._remake_shards()
             fd = os.open(f"{shard}/{tmp}", flags, 0o600, dir_fd=self._ns_fd)
         try:
+            exact_mode(fd, 0o600)
             return write_entry(fd, stage, header, payload, self.direct_io)
         finally:
             os.close(fd)

@@ -37,6 +37,7 @@ __all__ = [
     "StagingBuffer",
     "describe_file",
     "entry_name",
+    "exact_mode",
     "is_aligned",
     "make_shards",
     "open_private_dir",
@@ -129,6 +130,14 @@ def _cannot(path: str, e: OSError) -> TierStateError:
     )
 
 
+def exact_mode(fd: int, mode: int) -> None:
+    """Gives the file or directory of `fd` exactly `mode`: a umask can only take bits
+    away, and one without owner bits (`umask 0277`) would leave the tier's own shards
+    and entries unwritable or unreadable to it (root alone does not notice)."""
+    if stat.S_IMODE(os.fstat(fd).st_mode) != mode:
+        os.fchmod(fd, mode)
+
+
 def _mkdir_private(path: str) -> bool:
     """Makes directory `path` with mode exactly 0700 (the umask can only take bits away:
     owner bits it took are given back); False if something exists there already."""
@@ -138,8 +147,7 @@ def _mkdir_private(path: str) -> bool:
         return False
     fd = os.open(path, _DIR_FLAGS)
     try:
-        if stat.S_IMODE(os.fstat(fd).st_mode) != 0o700:
-            os.fchmod(fd, 0o700)
+        exact_mode(fd, 0o700)
     finally:
         os.close(fd)
     return True
@@ -172,12 +180,12 @@ def open_private_root(path: str) -> int:
         fd = os.open(path, _DIR_FLAGS)
     except OSError as e:
         if e.errno in (errno.ELOOP, errno.ENOTDIR):
-            real = os.path.realpath(path)
-            kind = "a symbolic link" if os.path.islink(path) else "not a directory"
-            raise UnsafeDirectoryError(
-                f"tier directory {path!r} is {kind}; links are never followed: "
-                f"configure the real directory ({real!r}) instead"
-            ) from None
+            if os.path.islink(path):
+                real = os.path.realpath(path)
+                why = f"a symbolic link; links are never followed: configure {real!r} instead"
+            else:  # a file, a FIFO, a device where the directory should be
+                why = "not a directory: point path at a directory, or move that file away"
+            raise UnsafeDirectoryError(f"tier directory {path!r} is {why}") from None
         raise _cannot(path, e) from None
     try:
         _check_private(fd, path)
@@ -204,6 +212,8 @@ def open_private_dir(parent_fd: int, name: str, where: str) -> tuple[int, bool]:
             ) from None
         raise
     try:
+        if created:
+            exact_mode(fd, 0o700)
         _check_private(fd, f"{where}/{name}")
     except BaseException:  # on any exit: the descriptor is closed
         os.close(fd)
@@ -230,6 +240,11 @@ def make_shards(ns_fd: int, where: str) -> bool:
             with contextlib.suppress(FileExistsError):  # another process made it meanwhile
                 os.mkdir(name, 0o700, dir_fd=ns_fd)
                 made = True
+                shard_fd = os.open(name, _DIR_FLAGS, dir_fd=ns_fd)
+                try:
+                    exact_mode(shard_fd, 0o700)
+                finally:
+                    os.close(shard_fd)
             st = os.stat(name, dir_fd=ns_fd, follow_symlinks=False)
         if not stat.S_ISDIR(st.st_mode):
             raise UnsafeDirectoryError(
@@ -406,6 +421,7 @@ def write_description(ns_fd: int, describe: Any) -> None:
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
         fd = os.open(tmp, flags, 0o600, dir_fd=ns_fd)
         try:
+            exact_mode(fd, 0o600)
             os.write(fd, data)
         finally:
             os.close(fd)

@@ -16,12 +16,18 @@ from jax_kvoffload.transfer._errors import TransferError
 
 T = TypeVar("T")
 
+_MAX_BUCKET = 2**30
+
 
 def bucket_sizes(n: int, max_bucket: int) -> list[int]:
     """Sizes, largest first, that sum to `n`; each a power of two <= `max_bucket`."""
     n, max_bucket = check_index("n", n), check_index("max_bucket", max_bucket)
     if n < 0:
         raise TransferError(f"n must be >= 0, got {n}")
+    if max_bucket > _MAX_BUCKET:  # a block count per kernel call: int32 in XLA's indexing
+        raise TransferError(
+            f"max_bucket={max_bucket} is past {_MAX_BUCKET} blocks per kernel call; use 256"
+        )
     if max_bucket < 1 or max_bucket & (max_bucket - 1):
         fix = 1 << max(max_bucket, 1).bit_length() - 1
         raise TransferError(f"max_bucket must be a power of two >= 1, got {max_bucket}; use {fix}")

@@ -15,6 +15,7 @@ import jax
 import numpy as np
 
 import pallas_kernels as pk
+from jax_kvoffload.config.internals import checked_arguments, sub_byte_bits
 from jax_kvoffload.errors import KVOffloadTypeError
 from jax_kvoffload.transfer._errors import TransferError, TransferStateError
 from jax_kvoffload.transfer._rpa_pages import check_rpa_heads, host_page_shape, relays
@@ -33,7 +34,7 @@ def check_arrays(arrays: object, layout: pk.KVLayout, where: str) -> list[jax.Ar
     if not isinstance(arrays, (list, tuple)):
         raise KVOffloadTypeError(
             f"{where}: arrays must be a list of jax.Array (one per layer, or K and V), "
-            f"got {type(arrays).__name__}"
+            f"got {type(arrays).__name__} {arrays!r:.40}; pass e.g. [k0, v0, k1, v1]"
         )
     if not arrays:
         raise TransferError(f"{where}: arrays is empty; pass the group's cache arrays")
@@ -50,6 +51,13 @@ def check_arrays(arrays: object, layout: pk.KVLayout, where: str) -> list[jax.Ar
             raise TransferStateError(
                 f"{where}: arrays[{i}] was deleted (donated to another computation); "
                 "pass the live arrays, e.g. those a scatter or your jit step returned"
+            )
+        bits = sub_byte_bits(a.dtype)
+        if bits is not None:
+            raise TransferError(
+                f"{where}: arrays[{i}] has dtype {np.dtype(a.dtype).name} ({bits} bits per "
+                "element), which the kernels cannot move (they move whole bytes); keep the "
+                "packed values in uint8 words (jax.lax.bitcast_convert_type) and pass those"
             )
         try:
             layout.check_cache(tuple(a.shape), a.dtype, name=f"{where}: arrays[{i}]")
@@ -99,6 +107,7 @@ def check_distinct(arrays: Iterable[jax.Array], where: str) -> None:
             owners[pointer] = i
 
 
+@checked_arguments
 @dataclass
 class GroupCaches:
     """A group's device KV arrays (one per layer, or K and V) and their `KVLayout`

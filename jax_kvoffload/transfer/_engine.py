@@ -31,6 +31,7 @@ import jax
 
 import pallas_kernels as pk
 from jax_kvoffload._interrupts import SingleCaller
+from jax_kvoffload.config.internals import checked_arguments
 from jax_kvoffload.errors import KVOffloadTypeError
 from jax_kvoffload.hostmem import HostPool
 from jax_kvoffload.hostmem.internals import check_index
@@ -61,6 +62,7 @@ __all__ = ["GroupCaches", "TransferEngine"]
 logger = logging.getLogger(__name__)
 
 
+@checked_arguments
 class TransferEngine:
     """Moves blocks between device caches and a `HostChunkPool`.
 

@@ -8,6 +8,7 @@ write-pending, and no call that waits without bound."""
 
 from __future__ import annotations
 
+import os
 import threading
 
 import numpy as np
@@ -260,3 +261,16 @@ def test_a_tier_raising_everywhere_costs_misses_and_counts_never_a_call():
     reports.record(off.close())
     reports.check_exactly_once()
     tier.close()
+
+
+@pytest.mark.parametrize("kind", ["file", "fifo"])
+def test_a_file_where_the_tier_directory_goes_is_not_called_a_link(tmp_path, kind):
+    # Before: "is not a directory; links are never followed: configure the real
+    # directory (<the same path>) instead" for a plain file: advice that fixes nothing.
+    from jax_kvoffload.tiers import DiskTier, UnsafeDirectoryError
+
+    path = tmp_path / "tier"
+    path.write_bytes(b"") if kind == "file" else os.mkfifo(path)
+    with pytest.raises(UnsafeDirectoryError, match="not a directory: point path") as e:
+        DiskTier.check_path(str(path))
+    assert "link" not in str(e.value)

@@ -251,3 +251,18 @@ def test_bad_arguments_are_reported_before_jax_is_imported(tmp_path):
     for (argv, message), line in zip(cases, errors, strict=True):
         assert line.startswith("error: ") and message in line, (argv, line)
     assert (got["jax"], got["flax"]) == (False, False)
+
+
+def test_a_warning_about_one_tier_is_not_blamed_on_another_whose_name_it_contains():
+    # Before: `about()` matched substrings, so with --tier disk:/tmp/a and disk:/tmp/ab
+    # the failure of /tmp/ab was given as /tmp/a's cause (and port 63790's as 6379's).
+    from jax_kvoffload.demo._verdict import TierLog
+
+    log = TierLog()
+    log.messages += ["disk tier /tmp/ab: cannot write: No space left on device",
+                     "redis tier 127.0.0.1:63790: connection refused"]  # fmt: skip
+    assert log.about("disk:/tmp/a") is None
+    assert log.about("redis://127.0.0.1:6379") is None
+    assert "No space" in log.about("disk:/tmp/ab")
+    log.messages.append("disk tier /tmp/a: bad entry /tmp/a/00/x.kv removed")
+    assert "bad entry" in log.about("disk:/tmp/a")
