@@ -182,6 +182,7 @@ class TorchKVWorker:
         self._bpc = _check_int("blocks_per_chunk", blocks_per_chunk, 1)
         num_chunks = _check_int("num_chunks", num_chunks, 0)
         bucket_sizes(0, max_bucket)  # validates max_bucket
+        max_staging_bytes = _check_int("max_staging_bytes", max_staging_bytes, 0)
         for what, value in (("tensors", tensors), ("group_refs", group_refs)):
             if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
                 raise KVOffloadTypeError(

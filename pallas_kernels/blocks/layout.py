@@ -16,6 +16,7 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
+import numpy.typing as npt
 
 from .errors import LayoutError, LayoutMismatchError, UnsupportedDtypeError
 
@@ -191,7 +192,21 @@ class KVLayout:
             )
 
 
+def check_rpa_dtype(dtype: npt.DTypeLike) -> None:
+    """Raises ``UnsupportedDtypeError`` for sub-byte types (int4, uint4, fp4): numpy
+    holds one per byte, an engine packs ``32 // 4 = 8`` per word, so neither the packing
+    axis nor the bytes of a page would be the engine's."""
+    bits = jax.dtypes.itemsize_bits(np.dtype(dtype))
+    if bits < 8:
+        raise UnsupportedDtypeError(
+            f"dtype {np.dtype(dtype).name} has {bits} bits; the RPA layout here packs 8-, "
+            "16- or 32-bit elements (an engine packs 32 // 4 = 8 sub-byte slots per word, "
+            "numpy one per byte); store such caches as KVLayout.raw() uint32 words"
+        )
+
+
 def _check_rpa(shape: tuple[int, ...], dt: np.dtype, name: str) -> None:
+    check_rpa_dtype(dt)
     packing = 4 // dt.itemsize
     if shape[3] != packing:
         raise LayoutMismatchError(

@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .errors import LayoutError, LayoutMismatchError
-from .layout import RPA_LANES, as_bits
+from .layout import RPA_LANES, as_bits, check_rpa_dtype
 
 
 def _align(x: int, m: int) -> int:
@@ -36,6 +36,7 @@ def _align(x: int, m: int) -> int:
 
 def rpa_packing(dtype: Any) -> int:
     """Slots per 32-bit word for ``dtype``: ``32 // bits`` (bf16 2, fp8/int8 4, fp32 1)."""
+    check_rpa_dtype(dtype)
     itemsize: int = np.dtype(dtype).itemsize
     if itemsize not in (1, 2, 4):
         raise LayoutError(
@@ -130,6 +131,7 @@ def rpa_merge_canonical(
     """``into`` (RPA pages, e.g. the gather of the blocks about to be loaded) with its real
     slots replaced by ``canonical`` (``rpa_canonical``'s shape); padding slots keep their
     bytes. Where no shard pads this is ``canonical`` reshaped (``into`` unread)."""
+    check_rpa_geometry((0, *into.shape[-4:]), into.dtype, num_kv_heads, shards)
     real, padded = rpa_slots_per_shard(num_kv_heads, into.dtype, shards)
     lead, bs, d = _page_axes(into)
     want = (*lead, bs, shards * real, d)
@@ -158,6 +160,11 @@ def rpa_pack(k: Any, v: Any, *, shards: int = 1, pad_value: Any = None) -> np.nd
     ``shards`` KV-head shards (tpu-inference's ``merge_kv``): padding zero, or
     ``pad_value`` (a function of a shape returning bits, for tests)."""
     k, v = np.asarray(k), np.asarray(v)
+    if k.ndim != 4 or k.shape != v.shape or k.dtype != v.dtype:
+        raise LayoutMismatchError(
+            f"rpa_pack needs K and V of one shape [num_blocks, block_size, H, head_dim] and "
+            f"one dtype, got K {k.dtype}{list(k.shape)} and V {v.dtype}{list(v.shape)}"
+        )
     nb, bs, h, hd = k.shape
     shape = rpa_cache_shape(nb, bs, h, hd, k.dtype, shards=shards)
     real, padded = rpa_slots_per_shard(h, k.dtype, shards)
@@ -175,7 +182,18 @@ def rpa_unpack(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Inverse of ``rpa_pack``: numpy K, V ``[num_blocks, block_size, H, head_dim]``."""
     cache = np.asarray(cache)
+    if cache.ndim != 5:
+        raise LayoutMismatchError(
+            f"rpa_unpack needs an RPA array [num_blocks, block_size, kv_rows, packing, D], "
+            f"got shape {tuple(cache.shape)}"
+        )
     check_rpa_geometry(cache.shape, cache.dtype, num_kv_heads, shards)
+    _check_positive(head_dim=head_dim)
+    if head_dim > cache.shape[4]:
+        raise LayoutMismatchError(
+            f"head_dim={head_dim} is wider than the array's {cache.shape[4]} lanes "
+            f"(shape {tuple(cache.shape)}); pass the model's head_dim"
+        )
     real, padded = rpa_slots_per_shard(num_kv_heads, cache.dtype, shards)
     nb, bs = cache.shape[:2]
     slots = cache.reshape(nb, bs, shards, padded, -1)[..., :real, :head_dim]

@@ -181,3 +181,13 @@ def test_a_submit_event_that_fails_fails_its_job_and_only_it(monkeypatch):
     w.wait([1, 2])
     assert [(r.job_id, r.success) for r in w.get_finished()] == [(1, False), (2, True)]
     w.shutdown()
+
+
+@pytest.mark.parametrize("dma", [True, False])
+def test_a_bad_max_staging_bytes_is_refused_at_construction(dma):
+    # Before: accepted, and every job then failed in the worker thread (TypeError).
+    from jax_kvoffload.errors import KVOffloadTypeError
+
+    for bad, err in (("abc", KVOffloadTypeError), (None, KVOffloadTypeError), (-5, JobSpecError)):
+        with pytest.raises(err, match="max_staging_bytes"):
+            worker([[(0, PAGE)]], dma=dma, max_staging_bytes=bad)

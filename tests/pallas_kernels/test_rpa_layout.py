@@ -124,3 +124,40 @@ def test_rpa_staging_is_their_chunk():
     chunk = np.stack([c[5] for c in caches])[None]  # their stack_kv_cache_cross_layers
     assert staged.shape == chunk.shape
     assert np.array_equal(staged.view(np.uint16), chunk.view(np.uint16))
+
+
+@pytest.mark.parametrize("dtype", [jnp.int4, jnp.uint4, jnp.float4_e2m1fn])
+def test_sub_byte_dtypes_are_refused(dtype):
+    """numpy keeps int4/fp4 one per byte, an engine 8 per word (32 // 4): the packing
+    axis and page bytes would not be theirs (accepted with packing 4 before)."""
+    with pytest.raises(pk.UnsupportedDtypeError, match="4 bits"):
+        pk.rpa_packing(dtype)
+    with pytest.raises(pk.UnsupportedDtypeError, match="4 bits"):
+        pk.rpa_cache_shape(2, 4, 2, 64, dtype)
+    with pytest.raises(pk.UnsupportedDtypeError, match="4 bits"):
+        pk.KVLayout.rpa().check_cache((2, 4, 1, 4, 128), np.dtype(dtype), name="c")
+
+
+def test_pack_and_unpack_refuse_inputs_they_would_misread():
+    k = np.zeros((2, 4, 3, 64), ml_dtypes.float8_e4m3fn)
+    with pytest.raises(pk.LayoutMismatchError, match="one dtype"):  # packed V as fp8 before
+        pk.rpa_pack(k, k.view(np.int8))
+    with pytest.raises(pk.LayoutMismatchError, match="one shape"):
+        pk.rpa_pack(k, k[:, :, :2])
+    with pytest.raises(pk.LayoutMismatchError, match="one shape"):
+        pk.rpa_pack(k[0], k[0])
+    cache = pk.rpa_pack(k, k)
+    with pytest.raises(pk.LayoutError, match="head_dim"):  # 127 lanes came back before
+        pk.rpa_unpack(cache, 3, -1)
+    with pytest.raises(pk.LayoutMismatchError, match="wider"):
+        pk.rpa_unpack(cache, 3, 200)
+    with pytest.raises(pk.LayoutMismatchError, match="got shape"):
+        pk.rpa_unpack(cache[0], 3, 64)
+
+
+def test_merge_canonical_refuses_pages_of_other_heads():
+    # Before: a bare TypeError from a reshape (canonical pages sized for the heads
+    # passed, RPA pages for others).
+    into = jnp.zeros(pk.rpa_cache_shape(3, 4, 2, 128, jnp.bfloat16), jnp.bfloat16)
+    with pytest.raises(pk.LayoutMismatchError, match="for 4 KV heads"):
+        pk.rpa_merge_canonical(into, jnp.zeros((3, 4, 8, 128), jnp.bfloat16), 4, 1)

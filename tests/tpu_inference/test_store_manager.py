@@ -138,3 +138,15 @@ def test_saves_cascade_to_a_tier_and_a_fresh_store_is_served_from_it(tmp_path):
     for i, c in enumerate(loaded):
         assert (pool2.chunk_row(0, c.chunk_id) == i + 1).all()
     hub2.close()
+
+
+def test_a_repeated_hash_gets_one_chunk_and_leaks_none():
+    # Before: two chunks for one key, the first kept by no key and never freed, so a
+    # 2-chunk store could not take two new hashes again.
+    m, _ = _manager(num_chunks=2)
+    chunks, positions = m.allocate_for_save([H[0], H[1], H[0]])
+    assert len(chunks) == 2 and positions == [0, 1]
+    m.mark_completion([c.chunk_id for c in chunks], "save")
+    assert m.lookup([H[0], H[1]]) == 2
+    again, _ = m.allocate_for_save([H[2], H[2], H[3]])  # both evicted, none leaked
+    assert len({c.chunk_id for c in again}) == 2

@@ -77,9 +77,16 @@ def group_layers(caches: Sequence[jax.Array]) -> LayerGroups:
                 "(num_blocks, block_size, rows, packing, head_dim) expected; MLA and "
                 "other layouts are not served by this connector",
             )
+        first = tuple(int(d) for d in caches[0].shape)
+        if shape[:2] != first[:2]:  # a block id (and a chunk) is one block of every layer
+            raise TPUConnectorConfigError(
+                f"runner.kv_caches[{i}].shape",
+                shape,
+                f"every layer needs the (num_blocks, block_size) of layer 0, {first[:2]}: "
+                "a block id names the same block in every layer",
+            )
         by_shape.setdefault(shape[2:], []).append(i)
     order = sorted(by_shape, key=str)
-    first = tuple(int(d) for d in caches[0].shape)
     shapes = tuple((first[0], first[1], *s) for s in order)
     return LayerGroups(layers=tuple(tuple(by_shape[s]) for s in order), shapes=shapes)
 

@@ -88,13 +88,14 @@ class StoreManager:
         path = self._hub.tier_path()
         if path is not None:
             path.process()  # finished cascades unpin their chunks: evictable again
-        keys = [self._key(h) for h in chunk_hashes]
-        out = self._store.prepare_store(keys)
+        # Each key once, at its first position: a repeated hash got a second chunk that
+        # no key kept (leaked for good).
+        position: dict[OffloadKey, int] = {}
+        for i, h in enumerate(chunk_hashes):
+            position.setdefault(self._key(h), i)
+        out = self._store.prepare_store(list(position))
         if out is None or not out.keys_to_store:
             return None
-        position: dict[OffloadKey, int] = {}
-        for i, k in enumerate(keys):
-            position.setdefault(k, i)
         chunks = []
         for key, chunk in zip(out.keys_to_store, out.chunk_ids, strict=True):
             self._keys[chunk] = key

@@ -68,6 +68,9 @@ class StoreWorker:
     def register_runner(self, runner: Any) -> None:
         caches = list(runner.kv_caches)
         groups = group_layers(caches)
+        if self._engine is not None:
+            self._register_again(runner, caches, groups)
+            return
         host = self._hub.host
         if host.secondary_tiers and self._hub.store is None:
             raise TPUConnectorStateError(
@@ -107,6 +110,27 @@ class StoreWorker:
             tiers = open_tiers(config, host, pages=engine_pages(gcs))
         self._hub.attach_worker(pool, engine, tiers, len(gcs))
         self._runner, self._groups, self._engine = runner, groups, engine
+
+    def _register_again(self, runner: Any, caches: list[Any], groups: LayerGroups) -> None:
+        """A second `register_runner` (a runner rebuilt in place): the pool's rows hold
+        the chunks the store lists, so the worker keeps pool and engine and takes the
+        new runner's arrays if they have the same geometry; a new pool would serve those
+        chunks as zeros."""
+        engine, old = self._engine_and_groups()
+        held = [(tuple(a.shape), a.dtype) for g in range(len(old.layers)) for a in engine.arrays(g)]
+        new = [
+            (tuple(a.shape), a.dtype)
+            for g in range(len(groups.layers))
+            for a in groups.arrays(caches, g)
+        ]
+        if groups.layers != old.layers or held != new:
+            raise TPUConnectorStateError(
+                "register_runner was called again with caches of another geometry "
+                f"({sorted(set(new), key=str)} instead of {sorted(set(held), key=str)}): the "
+                "host chunks hold the first caches' pages; build a new connector (engine) "
+                "for the new caches"
+            )
+        self._runner, self._groups = runner, groups
 
     # -- per step -------------------------------------------------------------------------
 
@@ -152,6 +176,14 @@ class StoreWorker:
         if not loads:
             return
         engine, groups = self._engine_and_groups()
+        for m in loads:  # one chunk per block: a mismatch would shift every later pair
+            spec = m.load_spec
+            if len(spec.dst_blocks) != len(spec.src_chunks):
+                raise TPUConnectorStateError(
+                    f"request {m.req_id}: load_spec has {len(spec.dst_blocks)} dst_blocks "
+                    f"and {len(spec.src_chunks)} src_chunks; a chunk holds one block, so "
+                    "they must pair one to one (nothing was loaded)"
+                )
         blocks = tuple(b for m in loads for b in m.load_spec.dst_blocks)
         chunks = tuple(c for m in loads for c in m.load_spec.src_chunks)
         caches = self._sync_in()
