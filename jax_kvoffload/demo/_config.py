@@ -222,19 +222,42 @@ def tier_entry(spec: str) -> dict:
         seeds = [m if "://" in m else f"{scheme}://{m}" for m in more]
         return {"type": "redis", "url": first, "seed_urls": seeds}
     if spec.startswith("mooncake://") and len(spec) > 11:
-        parts = urllib.parse.urlsplit(spec)
-        query = urllib.parse.parse_qs(parts.query)
-        host = parts.hostname or ""
-        return {
-            "type": "mooncake",
-            "master_server_address": parts.netloc,
-            "metadata_server": query.get("metadata", [f"http://{host}:8080/metadata"])[0],
-            "local_hostname": query.get("local", ["127.0.0.1"])[0],
-        }
+        return _mooncake_entry(spec)
     raise DemoConfigError(
         f"--tier {spec!r}: must be disk:PATH (a directory), redis://HOST:PORT (a running "
         "Redis or Valkey server) or mooncake://HOST:PORT (a Mooncake Store's master)"
     )
+
+
+_MOONCAKE_QUERY = ("metadata", "local")
+
+
+def _mooncake_entry(spec: str) -> dict:
+    """`mooncake://HOST:PORT[?metadata=URL&local=HOST]` as a tier entry; a user, path,
+    fragment, or a query key other than `metadata` / `local` (a typo: it would be
+    dropped, and the default used without a word) is refused."""
+    parts = urllib.parse.urlsplit(spec)
+    try:
+        query = urllib.parse.parse_qs(parts.query, keep_blank_values=True, strict_parsing=True)
+    except ValueError:
+        query = {"": [parts.query]} if parts.query else {}
+    odd = sorted(set(query) - set(_MOONCAKE_QUERY))
+    twice = sorted(k for k, v in query.items() if len(v) > 1 or v == [""])
+    if odd or twice or "@" in parts.netloc or parts.path or parts.fragment:
+        got = f"query keys {odd}" if odd else f"{twice} repeated or empty" if twice else (
+            "a user, path or fragment")  # fmt: skip
+        raise DemoConfigError(
+            f"--tier {_shown(spec)}: must be mooncake://HOST:PORT[?metadata=URL&local=HOST], "
+            f"each query key once and with a value (got {got})"
+        )
+    host = parts.hostname or ""
+    shown = f"[{host}]" if ":" in host else host  # an IPv6 master: bracketed in the URL
+    return {
+        "type": "mooncake",
+        "master_server_address": parts.netloc,
+        "metadata_server": query.get("metadata", [f"http://{shown}:8080/metadata"])[0],
+        "local_hostname": query.get("local", ["127.0.0.1"])[0],
+    }
 
 
 def check_tiers(specs: tuple[str, ...] | list[str]) -> None:
