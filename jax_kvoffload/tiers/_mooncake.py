@@ -114,6 +114,14 @@ class MooncakeTier(SecondaryTier):
             config.device_name or "",
             config.master_server_address,
         )
+        if rc == mc.BUFFER_OVERFLOW:  # what setup answers when its memory is refused
+            self._store.close()
+            raise mc.MooncakeUnavailableError(
+                f"Mooncake's client did not start (setup returned {rc}): it could not "
+                f"allocate MooncakeTierConfig.global_segment_size="
+                f"{config.global_segment_size} / local_buffer_size="
+                f"{config.local_buffer_size} bytes; lower them to what this host can spare"
+            )
         if rc != 0:
             self._store.close()
             raise mc.MooncakeUnavailableError(

@@ -91,6 +91,13 @@ def test_rpc_timeout_marks_the_master_down_and_asks_it_no_more(store, first):
         tier.close()
 
 
+def test_a_segment_too_large_to_allocate_is_named_at_opening(store):
+    # Mooncake's setup answers -600 when it cannot allocate the segment; the error said
+    # "start mooncake_master there" although the master runs.
+    with pytest.raises(mc.MooncakeUnavailableError, match="global_segment_size=4611686"):
+        open_tier(store, global_segment_size=1 << 62)
+
+
 @pytest.mark.slow  # Mooncake's RPC timeout is ~30 s
 def test_a_stopped_master_mid_load_bounds_the_load_and_close(store):
     tier = open_tier(store, retry_after_s=60)
