@@ -32,6 +32,23 @@ P2P_HANDSHAKE = "P2PHANDSHAKE"
 # One object of Mooncake's holds at most this many replicas (ReplicateConfig).
 MAX_REPLICAS = 8
 _DEVICE = re.compile(r"^[A-Za-z0-9_.:-]+(,[A-Za-z0-9_.:-]+)*$")
+# A host name or address as Mooncake takes it: the IDNA check alone lets "a b", "u@h"
+# or "-x" through, which Mooncake's client then registers or dials verbatim.
+_HOST = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+
+
+def _check_mooncake_host(where: str, key: str, host: str, shown: Any) -> None:
+    try:
+        ipaddress.ip_address(host)
+        return
+    except ValueError:
+        pass
+    if not _HOST.match(host):
+        raise TierConfigError(
+            where, key, shown, f"host {host!r:.80} must be an IP address or a host name "
+            "(letters, digits, '.', '-', '_'), e.g. \"10.0.0.7\""
+        )  # fmt: skip
+    check_host(where, key, host, shown=shown)
 
 
 def parse_host_port(where: str, key: str, value: Any) -> tuple[str, int]:
@@ -50,7 +67,7 @@ def parse_host_port(where: str, key: str, value: Any) -> tuple[str, int]:
         raise TierConfigError(where, key, value, fix)
     if not 0 < int(port) < 65536:
         raise TierConfigError(where, key, value, "port must be an int in 1..65535")
-    check_host(where, key, host, shown=value)
+    _check_mooncake_host(where, key, host, value)
     return host, int(port)
 
 
@@ -136,7 +153,7 @@ class MooncakeTierConfig(TierOptions):
         h = self.local_hostname
         if not isinstance(h, str) or not h or len(h) > 253:
             raise TierConfigError(w, "local_hostname", h, 'must be a host, e.g. "10.0.0.7"')
-        check_host(w, "local_hostname", h)
+        _check_mooncake_host(w, "local_hostname", h, h)
         p = self.protocol
         if not isinstance(p, str) or p.lower() not in PROTOCOLS:
             raise TierConfigError(w, "protocol", p, 'must be "tcp" or "rdma"')

@@ -49,6 +49,11 @@ BAD = {
     "retry": ({"retry_after_s": float("nan")}, "finite number of seconds"),
     "prefix": ({"key_prefix": "a b"}, "without spaces"),
     "hostname": ({"local_hostname": ""}, "must be a host"),
+    # The IDNA check let these through (Mooncake registered or dialled them verbatim):
+    "hostname space": ({"local_hostname": "a b"}, "IP address or a host name"),
+    "hostname user": ({"local_hostname": "u@h"}, "IP address or a host name"),
+    "hostname dash": ({"local_hostname": "-rf"}, "IP address or a host name"),
+    "master user": ({"master_server_address": "u@h:50051"}, "IP address or a host name"),
 }
 
 
