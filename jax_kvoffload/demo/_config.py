@@ -218,7 +218,12 @@ def tier_entry(spec: str) -> dict:
     if scheme in ("redis", "rediss", "unix") and "://" in spec:
         if scheme == "unix" or "," not in spec:
             return {"type": "redis", "url": spec}
-        first, *more = spec.split(",")
+        # Commas after the credentials (a password may hold one: RFC 3986 allows it).
+        creds, at, nodes = spec.rpartition("@")
+        first, *more = nodes.split(",")
+        first = creds + at + first
+        if not more:
+            return {"type": "redis", "url": first}
         seeds = [m if "://" in m else f"{scheme}://{m}" for m in more]
         return {"type": "redis", "url": first, "seed_urls": seeds}
     if spec.startswith("mooncake://") and len(spec) > 11:
