@@ -33,6 +33,10 @@ each unit of work (a model step of a prefill, a role's process)."""
 #: The demo model's cache layouts (`DemoModelConfig.cache_layout`, `--layout`).
 CACHE_LAYOUTS = ("nhd", "rpa")
 
+#: The most devices one role's mesh may have: the demo's meshes live on one host (as many
+#: forced host devices on CPU), and XLA starts a thread per device.
+MAX_MESH_DEVICES = 64
+
 #: How long `check_tiers` waits for a Redis server to accept a connection.
 CONNECT_TIMEOUT_S = 2.0
 
@@ -150,11 +154,12 @@ def check_mesh_sizes(sizes: object, kv_heads: int) -> None:
     """`sizes` is (writer, reader), two positive device counts over which `kv_heads` KV
     heads shard into whole heads (one divides the other)."""
     if not (isinstance(sizes, tuple) and len(sizes) == 2) or any(
-        not isinstance(n, int) or isinstance(n, bool) or n < 1 for n in sizes
+        not isinstance(n, int) or isinstance(n, bool) or not 0 < n <= MAX_MESH_DEVICES
+        for n in sizes
     ):
         raise DemoConfigError(
-            f"--mesh-sizes {sizes!r}: must be two positive device counts, the writer's and "
-            "the reader's, e.g. 2,4"
+            f"--mesh-sizes {sizes!r}: must be two positive device counts (at most "
+            f"{MAX_MESH_DEVICES}: one host's), the writer's and the reader's, e.g. 2,4"
         )
     for n in sizes:
         if n % kv_heads and kv_heads % n:
