@@ -77,7 +77,11 @@ def check_metadata_server(where: str, value: Any) -> str:
         'must be the metadata server, e.g. "http://10.0.0.5:8080/metadata" (the master '
         'with --enable_http_metadata_server), "etcd://10.0.0.5:2379" or "P2PHANDSHAKE"'
     )
-    if not isinstance(value, str) or not value or "\0" in value or len(value) > 1000:
+    # No whitespace or control character: urlsplit drops tabs and newlines before it
+    # parses, but Mooncake's client would send them in its HTTP request line.
+    if not isinstance(value, str) or not value or len(value) > 1000 or not value.isprintable():
+        raise TierConfigError(where, "metadata_server", value, fix)
+    if any(c.isspace() for c in value):
         raise TierConfigError(where, "metadata_server", value, fix)
     if value == P2P_HANDSHAKE:
         return value

@@ -39,6 +39,9 @@ BAD = {
     "bad host": ({"master_server_address": "a..b:1"}, "resolver"),
     "metadata scheme": ({"metadata_server": "ftp://h:1/m"}, "metadata server"),
     "metadata no port": ({"metadata_server": "http://h/metadata"}, "metadata server"),
+    # urlsplit drops the newline (so it parsed); Mooncake's client would have sent it:
+    "metadata newline": ({"metadata_server": "http://h:1/metadata\n"}, "metadata server"),
+    "metadata space": ({"metadata_server": "http://h:1/meta data"}, "metadata server"),
     "protocol": ({"protocol": "udp"}, '"tcp" or "rdma"'),
     "rdma without device": ({"device_name": None, "protocol": "rdma"}, "needs the device"),
     "device with tcp": ({"device_name": "mlx5_0"}, 'protocol is "tcp"'),
