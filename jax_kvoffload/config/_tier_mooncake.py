@@ -31,6 +31,8 @@ _METADATA_SCHEMES = ("http", "https", "etcd", "redis")
 P2P_HANDSHAKE = "P2PHANDSHAKE"
 # One object of Mooncake's holds at most this many replicas (ReplicateConfig).
 MAX_REPLICAS = 8
+# Every key the master holds carries the prefix (a tenant's, a fleet's name).
+MAX_KEY_PREFIX = 128
 _DEVICE = re.compile(r"^[A-Za-z0-9_.:-]+(,[A-Za-z0-9_.:-]+)*$")
 # A host name or address as Mooncake takes it: the IDNA check alone lets "a b", "u@h"
 # or "-x" through, which Mooncake's client then registers or dials verbatim.
@@ -188,10 +190,14 @@ class MooncakeTierConfig(TierOptions):
         for key in ("connect_timeout_s", "retry_after_s"):
             set_checked(self, key, check_seconds(w, key, getattr(self, key)))
         k = self.key_prefix
-        if not isinstance(k, str) or not k or not k.isascii() or not k.isprintable() or " " in k:
+        if (
+            not isinstance(k, str) or not 0 < len(k) <= MAX_KEY_PREFIX
+            or not k.isascii() or not k.isprintable() or " " in k
+        ):  # fmt: skip
             raise TierConfigError(
-                w, "key_prefix", k, "must be a non-empty printable ASCII string without spaces"
-            )
+                w, "key_prefix", k if not isinstance(k, str) else f"{k:.80}",
+                f"must be printable ASCII without spaces, 1..{MAX_KEY_PREFIX} characters",
+            )  # fmt: skip
 
     @property
     def master_address(self) -> tuple[str, int]:

@@ -51,6 +51,7 @@ BAD = {
     "threads": ({"read_threads": 10**6}, r"\[1, 256\]"),
     "retry": ({"retry_after_s": float("nan")}, "finite number of seconds"),
     "prefix": ({"key_prefix": "a b"}, "without spaces"),
+    "prefix length": ({"key_prefix": "p" * 129}, r"1\.\.128"),  # 1 MB was taken
     "hostname": ({"local_hostname": ""}, "must be a host"),
     # The IDNA check let these through (Mooncake registered or dialled them verbatim):
     "hostname space": ({"local_hostname": "a b"}, "IP address or a host name"),
