@@ -288,6 +288,11 @@ def check_tiers(specs: tuple[str, ...] | list[str]) -> None:
             cfg = MooncakeTierConfig(**{k: v for k, v in entry.items() if k != "type"})
             host, port = cfg.master_address
             _check_reachable(spec, {"scheme": "tcp", "host": host, "port": port}, "mooncake")
+            meta = urllib.parse.urlsplit(cfg.metadata_server)
+            if meta.scheme.lower() in ("http", "https"):  # the master's own, most often
+                # Without it Mooncake's setup retries 20 times, then the demo fails late.
+                where = {"scheme": "tcp", "host": meta.hostname, "port": meta.port}
+                _check_reachable(spec, where, "mooncake metadata")
         else:
             config = RedisTierConfig(**{k: v for k, v in entry.items() if k != "type"})
             _check_any_reachable(spec, [config.url, *(config.seed_urls or ())])
@@ -325,7 +330,11 @@ def _check_reachable(spec: str, endpoint: dict, kind: str = "redis") -> None:
         raise DemoConfigError(
             f"--tier {_shown(spec)}: cannot connect to {where} ({why} within "
             f"{CONNECT_TIMEOUT_S:g} s); start "
-            + ("mooncake_master" if kind == "mooncake" else "a Redis or Valkey server")
+            + {
+                "mooncake": "mooncake_master",
+                "mooncake metadata": "mooncake_master --enable_http_metadata_server (or "
+                "give ?metadata=URL of the running one)",
+            }.get(kind, "a Redis or Valkey server")
             + " there, or drop this --tier"
         ) from None
 

@@ -6,6 +6,7 @@ recompute."""
 from __future__ import annotations
 
 import json
+import socket
 
 import pytest
 
@@ -61,6 +62,22 @@ def test_a_master_that_does_not_answer_is_refused_before_the_demo_starts():
         DemoConfigError, match=f"cannot connect to 127.0.0.1:{port}.*mooncake_master"
     ):
         check_tiers([f"mooncake://127.0.0.1:{port}"])
+
+
+def test_a_metadata_server_that_does_not_answer_is_refused_before_the_demo_starts():
+    # The master answers but its metadata server does not: the demo built its model,
+    # then Mooncake's setup retried 20 times and the demo failed (exit 1 in two
+    # processes, with a FAIL row) instead of refusing the --tier at once.
+    with socket.socket() as master:
+        master.bind(("127.0.0.1", 0))
+        master.listen()
+        port, meta = master.getsockname()[1], free_port()
+        with pytest.raises(
+            DemoConfigError,
+            match=f"cannot connect to 127.0.0.1:{meta}.*enable_http_metadata_server",
+        ):
+            check_tiers([f"mooncake://127.0.0.1:{port}?metadata=http://127.0.0.1:{meta}/m"])
+        check_tiers([f"mooncake://127.0.0.1:{port}?metadata=P2PHANDSHAKE"])  # no server
 
 
 @pytest.mark.slow  # two engine processes: ~20-30 s on a busy 2-core machine
