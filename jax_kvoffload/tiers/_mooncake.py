@@ -366,7 +366,11 @@ class MooncakeTier(SecondaryTier):
             if self._store.get_into(mkey, scratch.addr, size) != size:
                 return None
             hdr = check_header(whole[:size], namespace=self._namespace, key=key)
-            if not isinstance(hdr, str) and hdr.payload_len == size - hdr.header_len:
+            if (
+                not isinstance(hdr, str)
+                and hdr.payload_len == size - hdr.header_len
+                and hdr.payload_len != n  # n: a header padded past h (not ours): bad
+            ):
                 return hdr.payload_len
             self._bad(mkey, hdr if isinstance(hdr, str) else f"an entry of {size} bytes")
             return None
