@@ -31,7 +31,26 @@ _METADATA_SCHEMES = ("http", "https", "etcd", "redis")
 P2P_HANDSHAKE = "P2PHANDSHAKE"
 # One object of Mooncake's holds at most this many replicas (ReplicateConfig).
 MAX_REPLICAS = 8
+# Every key the master holds carries the prefix (a tenant's, a fleet's name).
+MAX_KEY_PREFIX = 128
 _DEVICE = re.compile(r"^[A-Za-z0-9_.:-]+(,[A-Za-z0-9_.:-]+)*$")
+# A host name or address as Mooncake takes it: the IDNA check alone lets "a b", "u@h"
+# or "-x" through, which Mooncake's client then registers or dials verbatim.
+_HOST = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+
+
+def _check_mooncake_host(where: str, key: str, host: str, shown: Any) -> None:
+    try:
+        ipaddress.ip_address(host)
+        return
+    except ValueError:
+        pass
+    if not _HOST.match(host):
+        raise TierConfigError(
+            where, key, shown, f"host {host!r:.80} must be an IP address or a host name "
+            "(letters, digits, '.', '-', '_'), e.g. \"10.0.0.7\""
+        )  # fmt: skip
+    check_host(where, key, host, shown=shown)
 
 
 def parse_host_port(where: str, key: str, value: Any) -> tuple[str, int]:
@@ -50,7 +69,7 @@ def parse_host_port(where: str, key: str, value: Any) -> tuple[str, int]:
         raise TierConfigError(where, key, value, fix)
     if not 0 < int(port) < 65536:
         raise TierConfigError(where, key, value, "port must be an int in 1..65535")
-    check_host(where, key, host, shown=value)
+    _check_mooncake_host(where, key, host, value)
     return host, int(port)
 
 
@@ -60,7 +79,11 @@ def check_metadata_server(where: str, value: Any) -> str:
         'must be the metadata server, e.g. "http://10.0.0.5:8080/metadata" (the master '
         'with --enable_http_metadata_server), "etcd://10.0.0.5:2379" or "P2PHANDSHAKE"'
     )
-    if not isinstance(value, str) or not value or "\0" in value or len(value) > 1000:
+    # No whitespace or control character: urlsplit drops tabs and newlines before it
+    # parses, but Mooncake's client would send them in its HTTP request line.
+    if not isinstance(value, str) or not value or len(value) > 1000 or not value.isprintable():
+        raise TierConfigError(where, "metadata_server", value, fix)
+    if any(c.isspace() for c in value):
         raise TierConfigError(where, "metadata_server", value, fix)
     if value == P2P_HANDSHAKE:
         return value
@@ -136,7 +159,7 @@ class MooncakeTierConfig(TierOptions):
         h = self.local_hostname
         if not isinstance(h, str) or not h or len(h) > 253:
             raise TierConfigError(w, "local_hostname", h, 'must be a host, e.g. "10.0.0.7"')
-        check_host(w, "local_hostname", h)
+        _check_mooncake_host(w, "local_hostname", h, h)
         p = self.protocol
         if not isinstance(p, str) or p.lower() not in PROTOCOLS:
             raise TierConfigError(w, "protocol", p, 'must be "tcp" or "rdma"')
@@ -167,10 +190,14 @@ class MooncakeTierConfig(TierOptions):
         for key in ("connect_timeout_s", "retry_after_s"):
             set_checked(self, key, check_seconds(w, key, getattr(self, key)))
         k = self.key_prefix
-        if not isinstance(k, str) or not k or not k.isascii() or not k.isprintable() or " " in k:
+        if (
+            not isinstance(k, str) or not 0 < len(k) <= MAX_KEY_PREFIX
+            or not k.isascii() or not k.isprintable() or " " in k
+        ):  # fmt: skip
             raise TierConfigError(
-                w, "key_prefix", k, "must be a non-empty printable ASCII string without spaces"
-            )
+                w, "key_prefix", k if not isinstance(k, str) else f"{k:.80}",
+                f"must be printable ASCII without spaces, 1..{MAX_KEY_PREFIX} characters",
+            )  # fmt: skip
 
     @property
     def master_address(self) -> tuple[str, int]:

@@ -34,6 +34,10 @@ each unit of work (a model step of a prefill, a role's process)."""
 #: The demo model's cache layouts (`DemoModelConfig.cache_layout`, `--layout`).
 CACHE_LAYOUTS = ("nhd", "rpa")
 
+#: The most devices one role's mesh may have: the demo's meshes live on one host (as many
+#: forced host devices on CPU), and XLA starts a thread per device.
+MAX_MESH_DEVICES = 64
+
 #: How long `check_tiers` waits for a Redis server to accept a connection.
 CONNECT_TIMEOUT_S = 2.0
 
@@ -191,11 +195,12 @@ def check_mesh_sizes(sizes: object, kv_heads: int) -> None:
     """`sizes` is (writer, reader), two positive device counts over which `kv_heads` KV
     heads shard into whole heads (one divides the other)."""
     if not (isinstance(sizes, tuple) and len(sizes) == 2) or any(
-        not isinstance(n, int) or isinstance(n, bool) or n < 1 for n in sizes
+        not isinstance(n, int) or isinstance(n, bool) or not 0 < n <= MAX_MESH_DEVICES
+        for n in sizes
     ):
         raise DemoConfigError(
-            f"--mesh-sizes {sizes!r}: must be two positive device counts, the writer's and "
-            "the reader's, e.g. 2,4"
+            f"--mesh-sizes {sizes!r}: must be two positive device counts (at most "
+            f"{MAX_MESH_DEVICES}: one host's), the writer's and the reader's, e.g. 2,4"
         )
     for n in sizes:
         if n % kv_heads and kv_heads % n:
@@ -259,23 +264,51 @@ def tier_entry(spec: str) -> dict:
     if scheme in ("redis", "rediss", "unix") and "://" in spec:
         if scheme == "unix" or "," not in spec:
             return {"type": "redis", "url": spec}
-        first, *more = spec.split(",")
+        # Commas after the credentials (a password may hold one: RFC 3986 allows it).
+        creds, at, nodes = spec.rpartition("@")
+        first, *more = nodes.split(",")
+        first = creds + at + first
+        if not more:
+            return {"type": "redis", "url": first}
         seeds = [m if "://" in m else f"{scheme}://{m}" for m in more]
         return {"type": "redis", "url": first, "seed_urls": seeds}
     if spec.startswith("mooncake://") and len(spec) > 11:
-        parts = urllib.parse.urlsplit(spec)
-        query = urllib.parse.parse_qs(parts.query)
-        host = parts.hostname or ""
-        return {
-            "type": "mooncake",
-            "master_server_address": parts.netloc,
-            "metadata_server": query.get("metadata", [f"http://{host}:8080/metadata"])[0],
-            "local_hostname": query.get("local", ["127.0.0.1"])[0],
-        }
+        return _mooncake_entry(spec)
     raise DemoConfigError(
         f"--tier {_shown(spec)!r}: must be disk:PATH (a directory), redis://HOST:PORT (a "
         "running Redis or Valkey server) or mooncake://HOST:PORT (a Mooncake Store's master)"
     )
+
+
+_MOONCAKE_QUERY = ("metadata", "local")
+
+
+def _mooncake_entry(spec: str) -> dict:
+    """`mooncake://HOST:PORT[?metadata=URL&local=HOST]` as a tier entry; a user, path,
+    fragment, or a query key other than `metadata` / `local` (a typo: it would be
+    dropped, and the default used without a word) is refused."""
+    parts = urllib.parse.urlsplit(spec)
+    try:
+        query = urllib.parse.parse_qs(parts.query, keep_blank_values=True, strict_parsing=True)
+    except ValueError:
+        query = {"": [parts.query]} if parts.query else {}
+    odd = sorted(set(query) - set(_MOONCAKE_QUERY))
+    twice = sorted(k for k, v in query.items() if len(v) > 1 or v == [""])
+    if odd or twice or "@" in parts.netloc or parts.path or parts.fragment:
+        got = f"query keys {odd}" if odd else f"{twice} repeated or empty" if twice else (
+            "a user, path or fragment")  # fmt: skip
+        raise DemoConfigError(
+            f"--tier {_shown(spec)}: must be mooncake://HOST:PORT[?metadata=URL&local=HOST], "
+            f"each query key once and with a value (got {got})"
+        )
+    host = parts.hostname or ""
+    shown = f"[{host}]" if ":" in host else host  # an IPv6 master: bracketed in the URL
+    return {
+        "type": "mooncake",
+        "master_server_address": parts.netloc,
+        "metadata_server": query.get("metadata", [f"http://{shown}:8080/metadata"])[0],
+        "local_hostname": query.get("local", ["127.0.0.1"])[0],
+    }
 
 
 def check_tiers(specs: tuple[str, ...] | list[str]) -> None:
@@ -296,6 +329,11 @@ def check_tiers(specs: tuple[str, ...] | list[str]) -> None:
             cfg = MooncakeTierConfig(**{k: v for k, v in entry.items() if k != "type"})
             host, port = cfg.master_address
             _check_reachable(spec, {"scheme": "tcp", "host": host, "port": port}, "mooncake")
+            meta = urllib.parse.urlsplit(cfg.metadata_server)
+            if meta.scheme.lower() in ("http", "https"):  # the master's own, most often
+                # Without it Mooncake's setup retries 20 times, then the demo fails late.
+                where = {"scheme": "tcp", "host": meta.hostname, "port": meta.port}
+                _check_reachable(spec, where, "mooncake metadata")
         else:
             config = RedisTierConfig(**{k: v for k, v in entry.items() if k != "type"})
             _check_any_reachable(spec, [config.url, *(config.seed_urls or ())])
@@ -333,7 +371,11 @@ def _check_reachable(spec: str, endpoint: dict, kind: str = "redis") -> None:
         raise DemoConfigError(
             f"--tier {_shown(spec)}: cannot connect to {where} ({why} within "
             f"{CONNECT_TIMEOUT_S:g} s); start "
-            + ("mooncake_master" if kind == "mooncake" else "a Redis or Valkey server")
+            + {
+                "mooncake": "mooncake_master",
+                "mooncake metadata": "mooncake_master --enable_http_metadata_server (or "
+                "give ?metadata=URL of the running one)",
+            }.get(kind, "a Redis or Valkey server")
             + " there, or drop this --tier"
         ) from None
 

@@ -114,6 +114,14 @@ class MooncakeTier(SecondaryTier):
             config.device_name or "",
             config.master_server_address,
         )
+        if rc == mc.BUFFER_OVERFLOW:  # what setup answers when its memory is refused
+            self._store.close()
+            raise mc.MooncakeUnavailableError(
+                f"Mooncake's client did not start (setup returned {rc}): it could not "
+                f"allocate MooncakeTierConfig.global_segment_size="
+                f"{config.global_segment_size} / local_buffer_size="
+                f"{config.local_buffer_size} bytes; lower them to what this host can spare"
+            )
         if rc != 0:
             self._store.close()
             raise mc.MooncakeUnavailableError(
@@ -179,7 +187,7 @@ class MooncakeTier(SecondaryTier):
         out = [False] * len(keys)
         if keys and self._health.up():
             codes = self._store.batch_is_exist([self.key_of(k) for k in keys])
-            if any(c == mc.RPC_FAIL for c in codes):
+            if mc.MASTER_DOWN.intersection(codes):
                 self._health.failed()
             else:
                 self._health.answered()
@@ -267,7 +275,7 @@ class MooncakeTier(SecondaryTier):
         keys = [self.key_of(k) for k, _ in items]
         codes = self._store.batch_put_from_multi_buffers(keys, ptrs, sizes, self._replicate)
         oks = [c == 0 for c in codes]
-        if mc.RPC_FAIL in codes:
+        if mc.MASTER_DOWN.intersection(codes):
             self._health.failed()
         elif any(oks):
             self._health.answered()
@@ -295,6 +303,9 @@ class MooncakeTier(SecondaryTier):
         codes = self._store.batch_get_into_multi_buffers(keys, ptrs, sizes)
         wrong: dict[int, int] = {}
         arena = scratch.array
+        # The master did not answer some key: ask it nothing more (each call would wait
+        # its RPC timeout, one key after another).
+        lost = bool(mc.MASTER_DOWN.intersection(codes))
         for i, ((key, out), code, (h, n), (hoff, soff)) in enumerate(
             zip(items, codes, sizes, rows, strict=True)
         ):
@@ -302,13 +313,13 @@ class MooncakeTier(SecondaryTier):
                 if soff is not None:
                     np.frombuffer(out, np.uint8)[:] = arena[soff : soff + n]
                 oks[i] = self._verify(keys[i], key, out, arena[hoff : hoff + h])
-            elif code == mc.RPC_FAIL:
+            elif code in mc.MASTER_DOWN:
                 self._health.failed()
-            elif code != mc.NOT_FOUND:
+            elif code != mc.NOT_FOUND and not lost and self._health.up():
                 stored = self._inspect(keys[i], key, h, n, code)
                 if stored is not None:
                     wrong[i] = stored
-        if mc.RPC_FAIL not in codes:
+        if not lost and self._health.up():  # (an `_inspect` may have found it down)
             self._health.answered()
         moved = sum(len(out) for (_, out), ok in zip(items, oks, strict=True) if ok)
         self._counters.add(load_hits=sum(oks), load_misses=len(oks) - sum(oks), bytes_read=moved)
@@ -340,7 +351,7 @@ class MooncakeTier(SecondaryTier):
         whole and of another length (kept: the caller's error), else None (a miss; a
         bad entry removed, a transfer failure counted)."""
         size = self._store.get_size(mkey)
-        if size == mc.RPC_FAIL:
+        if size in mc.MASTER_DOWN:
             self._health.failed()
         if size < 0:
             return None
@@ -355,7 +366,11 @@ class MooncakeTier(SecondaryTier):
             if self._store.get_into(mkey, scratch.addr, size) != size:
                 return None
             hdr = check_header(whole[:size], namespace=self._namespace, key=key)
-            if not isinstance(hdr, str) and hdr.payload_len == size - hdr.header_len:
+            if (
+                not isinstance(hdr, str)
+                and hdr.payload_len == size - hdr.header_len
+                and hdr.payload_len != n  # n: a header padded past h (not ours): bad
+            ):
                 return hdr.payload_len
             self._bad(mkey, hdr if isinstance(hdr, str) else f"an entry of {size} bytes")
             return None

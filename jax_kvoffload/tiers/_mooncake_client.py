@@ -14,6 +14,7 @@ apart (seen from 0.3.13.post1; `mooncake-store/include/types.h`):
 | -706 | OBJECT_HAS_LEASE | a removal waits for a reader's lease: forced |
 | -800 | TRANSFER_FAIL | a segment's node is gone or the buffers are too long: asked |
 | -900 | RPC_FAIL | the master does not answer: down for `retry_after_s` |
+| -901 | RPC_TIMEOUT | the master hangs (stopped, a partition): down, as RPC_FAIL |
 """
 
 from __future__ import annotations
@@ -50,6 +51,9 @@ BUFFER_OVERFLOW = -600
 HAS_LEASE = -706
 TRANSFER_FAIL = -800
 RPC_FAIL = -900
+RPC_TIMEOUT = -901  # each such call waits Mooncake's RPC timeout (~30 s)
+# The master did not answer: it is marked down, and no further call asks it meanwhile.
+MASTER_DOWN = frozenset((RPC_FAIL, RPC_TIMEOUT))
 _NAMES = {
     NO_SPACE: "NO_AVAILABLE_HANDLE (no segment has room)",
     BUFFER_OVERFLOW: "BUFFER_OVERFLOW",
@@ -57,6 +61,7 @@ _NAMES = {
     HAS_LEASE: "OBJECT_HAS_LEASE",
     TRANSFER_FAIL: "TRANSFER_FAIL (a segment's node did not answer)",
     RPC_FAIL: "RPC_FAIL (the master did not answer)",
+    RPC_TIMEOUT: "RPC_TIMEOUT (the master did not answer in time)",
 }
 _MAX_RETRY_S = 30.0
 # A buffer's exporter at least this large (a host pool, vLLM's primary view) is

@@ -44,6 +44,9 @@ def test_mesh_sizes_are_checked_before_anything_starts(capsys):
         ScenarioConfig(mesh_sizes=(3, 2))  # 2 KV heads on 3 devices
     with pytest.raises(DemoConfigError, match="positive"):
         ScenarioConfig(mesh_sizes=(0, 2))
+    with pytest.raises(DemoConfigError, match="at most 64"):  # was taken: 10**6 devices
+        ScenarioConfig(mesh_sizes=(10**6, 2))
+    ScenarioConfig(mesh_sizes=(64, 2))
     assert main(["demo", "--mesh-sizes", "2,4", *FEW]) == 2  # one process: one mesh
     assert "--mesh-sizes needs --two-process" in capsys.readouterr().err
     assert main(["demo", "--two-process", "--tier", "disk:/nonexistent-x/t",

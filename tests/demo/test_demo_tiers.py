@@ -46,6 +46,20 @@ def test_tier_values_become_tier_entries():
             ScenarioConfig(tiers=(bad,))
 
 
+def test_a_password_with_a_comma_is_not_split_into_cluster_seeds():
+    # The spec was split at every comma: url "redis://:se" (refused, showing "se" of the
+    # password in the error) and a seed "redis://cret@127.0.0.1:6379".
+    assert tier_entry("redis://:se,cret@127.0.0.1:6379") == {
+        "type": "redis",
+        "url": "redis://:se,cret@127.0.0.1:6379",
+    }
+    assert tier_entry("redis://u:p,w@10.0.0.1:6379,10.0.0.2:6379") == {
+        "type": "redis",
+        "url": "redis://u:p,w@10.0.0.1:6379",
+        "seed_urls": ["redis://10.0.0.2:6379"],
+    }
+
+
 def test_one_process_with_a_disk_tier_cascades_a_and_still_passes(tmp_path):
     cfg = ScenarioConfig(
         model=DemoModelConfig(**SMALL), block_size=8, prompt_blocks=4, suffix_tokens=12,

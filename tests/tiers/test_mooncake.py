@@ -20,7 +20,8 @@ import pytest
 from jax_kvoffload.config import MooncakeTierConfig, TierConfigError, parse_secondary_tiers
 from jax_kvoffload.tiers import MooncakeTier, TierBufferSizeError, TierStateError
 from jax_kvoffload.tiers import _mooncake_client as mc
-from jax_kvoffload.tiers._entry import header_length
+from jax_kvoffload.tiers._crc import crc32c
+from jax_kvoffload.tiers._entry import encode_header, header_length
 
 from ._helpers import free_port, key, payload
 from ._mooncake import NO_MOONCAKE, MooncakeStore
@@ -39,6 +40,9 @@ BAD = {
     "bad host": ({"master_server_address": "a..b:1"}, "resolver"),
     "metadata scheme": ({"metadata_server": "ftp://h:1/m"}, "metadata server"),
     "metadata no port": ({"metadata_server": "http://h/metadata"}, "metadata server"),
+    # urlsplit drops the newline (so it parsed); Mooncake's client would have sent it:
+    "metadata newline": ({"metadata_server": "http://h:1/metadata\n"}, "metadata server"),
+    "metadata space": ({"metadata_server": "http://h:1/meta data"}, "metadata server"),
     "protocol": ({"protocol": "udp"}, '"tcp" or "rdma"'),
     "rdma without device": ({"device_name": None, "protocol": "rdma"}, "needs the device"),
     "device with tcp": ({"device_name": "mlx5_0"}, 'protocol is "tcp"'),
@@ -48,7 +52,13 @@ BAD = {
     "threads": ({"read_threads": 10**6}, r"\[1, 256\]"),
     "retry": ({"retry_after_s": float("nan")}, "finite number of seconds"),
     "prefix": ({"key_prefix": "a b"}, "without spaces"),
+    "prefix length": ({"key_prefix": "p" * 129}, r"1\.\.128"),  # 1 MB was taken
     "hostname": ({"local_hostname": ""}, "must be a host"),
+    # The IDNA check let these through (Mooncake registered or dialled them verbatim):
+    "hostname space": ({"local_hostname": "a b"}, "IP address or a host name"),
+    "hostname user": ({"local_hostname": "u@h"}, "IP address or a host name"),
+    "hostname dash": ({"local_hostname": "-rf"}, "IP address or a host name"),
+    "master user": ({"master_server_address": "u@h:50051"}, "IP address or a host name"),
 }
 
 
@@ -194,6 +204,19 @@ def test_a_damaged_value_is_a_counted_miss_and_removed(tier, store, how):
     assert tier.contains([key(1)]) == [False]  # removed
     assert tier.submit_store([(key(1), payload(key(1), N))]).result(30).all_ok
     assert _load(tier, [1]) == [True]
+
+
+def test_a_whole_entry_with_a_padded_header_is_a_miss_not_a_buffer_size_error(tier, store):
+    # A header padded past its length (valid for the format: the disk tier aligns it)
+    # with a payload of the right length: the load raised TierBufferSizeError ("a
+    # buffer of N bytes, the entry holds N"), failing the whole job, not one miss.
+    assert tier.submit_store([(key(1), payload(key(1), N)), (key(2), payload(key(2), N))]
+                             ).result(30).all_ok  # fmt: skip
+    body = payload(key(1), N)
+    head = encode_header(tier.namespace, key(1), N, crc32c(body), align=4096)
+    _rewrite(store, tier, key(1), head + body.tobytes())
+    assert _load(tier, [1, 2]) == [False, True]
+    assert tier.stats().corrupt == 1
 
 
 def test_an_entry_of_another_length_is_kept_and_the_load_raises(tier):
