@@ -42,7 +42,9 @@ def run(backend: str, dtype: str, layout: str) -> None:
     if layout == "rpa":
         shape, axis = pk.rpa_cache_shape(NB, 4, HEADS, 64, DTYPES[dtype]), 2
     else:
-        shape, axis = (NB, 4, HEADS, 64), 2
+        # K|V packed on the last axis: 2 x the config's head size (the caches must state
+        # what the config does: offloader/_cache_checks.py)
+        shape, axis = (NB, 4, HEADS, 2 * 64), 2
     cfg = rpa_config(dtype, HEADS, canonical=True, extra={"cache_layout": layout})
     src = [special(dtype, shape, k) for k in range(LAYERS)]
     h = hashes(f"{backend}{dtype}{layout}", 2)
