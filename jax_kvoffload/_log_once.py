@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any
 
 __all__ = ["LogOnce", "log_once", "reset_log_once"]
 
@@ -25,7 +24,7 @@ class LogOnce:
         self._seen: set[str] = set()
         self._lock = threading.Lock()
 
-    def __call__(self, logger: logging.Logger, kind: str, msg: str, *args: Any) -> None:
+    def __call__(self, logger: logging.Logger, kind: str, msg: str, *args: object) -> None:
         """Logs `msg % args` at WARNING if `kind` was not logged before, else at DEBUG."""
         with self._lock:
             first = kind not in self._seen

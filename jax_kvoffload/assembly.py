@@ -95,7 +95,7 @@ def engine_pages(caches: Mapping[int, GroupCaches]) -> list[dict[str, Any]]:
 
 
 def open_tiers(
-    config: OffloadingConfig, host: HostTierConfig, *, rank: int | None = None, pages: Any = None
+    config: OffloadingConfig, host: HostTierConfig, *, rank: int | None = None, pages: object = None
 ) -> tuple[SecondaryTier, ...]:
     """Our tiers of `host.secondary_tiers`, in order, in the config's namespace (with
     `pages`, e.g. `engine_pages(caches)`, where the config does not describe them).
@@ -137,7 +137,7 @@ def assemble_host_tier(
     replicated_layout: bool = False,
     enable_events: bool = False,
     tiers: tuple[SecondaryTier, ...] | None = None,
-    pages: Any = None,
+    pages: object = None,
     accelerator: bool = False,
 ) -> HostTierParts:
     """Store + pool + tiers for one process that is both scheduler and worker.

@@ -19,11 +19,14 @@ from __future__ import annotations
 import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from jax_kvoffload.errors import KVOffloadTypeError, KVOffloadValueError
+
+if TYPE_CHECKING:
+    from numpy.typing import ArrayLike
 
 __all__ = ["JobSpecError", "JobSpecTypeError", "TensorMove", "int_ids", "plan_job"]
 
@@ -52,7 +55,7 @@ class TensorMove:
     refs: int = 1
 
 
-def int_ids(name: str, values: Any) -> list[int]:
+def int_ids(name: str, values: ArrayLike | None) -> list[int]:
     """`values` (a sequence or array of integers) as a list of Python ints, all >= 0.
 
     Raises:
@@ -91,10 +94,10 @@ def int_ids(name: str, values: Any) -> list[int]:
 
 
 def plan_job(
-    device_block_ids: Any,
+    device_block_ids: ArrayLike,
     group_sizes: Sequence[int] | None,
     block_indices: Sequence[int] | None,
-    host_chunk_ids: Any,
+    host_chunk_ids: ArrayLike,
     group_refs: Sequence[Sequence[tuple[int, int]]],
     blocks_per_chunk: int,
 ) -> tuple[list[TensorMove], int]:

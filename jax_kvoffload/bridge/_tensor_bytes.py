@@ -26,12 +26,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from jax_kvoffload.bridge._torch import GappedLayoutError, check_tensor, to_jax
 from jax_kvoffload.errors import KVOffloadTypeError
+
+if TYPE_CHECKING:
+    import jax
+    import torch
 
 __all__ = ["TensorBytes", "UnitRows"]
 
@@ -43,7 +47,7 @@ _MAX_ROWS = 2**31 - 1  # the gather kernels take int32 row ids
 class UnitRows:
     """A tensor's block bytes as rows of a JAX uint8 array `[rows, unit]` (no copy)."""
 
-    array: Any
+    array: jax.Array
     unit: int
     row0: int
     row_stride: int
@@ -67,14 +71,14 @@ class TensorBytes:
       page: vLLM's (padded) `page_size_bytes`.
     """
 
-    storage: Any
+    storage: torch.Tensor
     offset: int
     stride: int
     num_blocks: int
     page: int
 
     @classmethod
-    def of(cls, tensor: Any, page_size_bytes: Any, name: str = "tensor") -> TensorBytes:
+    def of(cls, tensor: Any, page_size_bytes: object, name: str = "tensor") -> TensorBytes:
         """The block geometry vLLM's worker uses for `tensor` with pages of this size.
 
         Raises:
@@ -105,7 +109,7 @@ class TensorBytes:
         return cls(whole, rows.storage_offset(), rows.stride(0), rows.shape[0], page_size_bytes)
 
     @property
-    def device(self) -> Any:
+    def device(self) -> torch.device:
         return self.storage.device
 
     def check_width(self, width: int, name: str = "tensor") -> None:
@@ -127,7 +131,7 @@ class TensorBytes:
                 "without overlapping; a load would write one block into the next"
             )
 
-    def block_view(self, width: int) -> Any:
+    def block_view(self, width: int) -> torch.Tensor:
         """uint8 `[num_blocks, width]` over the leading bytes of every block (strided)."""
         return self.storage.as_strided((self.num_blocks, width), (self.stride, 1), self.offset)
 

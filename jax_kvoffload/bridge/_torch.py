@@ -18,11 +18,16 @@ torch is imported lazily (inside the functions), so importing this module is che
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from jax_kvoffload.errors import KVOffloadTypeError, KVOffloadValueError
+
+if TYPE_CHECKING:
+    import jax
+    import torch
 
 __all__ = [
     "GappedLayoutError",
@@ -68,7 +73,7 @@ class UnsupportedTensorError(KVOffloadValueError):
     """A tensor on a device DLPack cannot export, or of a sub-byte dtype."""
 
 
-def check_tensor(tensor: Any, name: str = "tensor") -> None:
+def check_tensor(tensor: object, name: str = "tensor") -> None:
     """Raises `KVOffloadTypeError` unless `tensor` is a torch tensor, and
     `UnsupportedTensorError` unless its memory can be exported (cpu, cuda) and its
     elements are whole bytes."""
@@ -95,7 +100,7 @@ def check_tensor(tensor: Any, name: str = "tensor") -> None:
         )
 
 
-def to_jax(tensor: Any) -> Any:
+def to_jax(tensor: torch.Tensor) -> jax.Array:
     """The JAX array over `tensor`'s memory (no copy; any KV dtype).
 
     Raises:
@@ -142,7 +147,7 @@ def to_jax(tensor: Any) -> Any:
     return array
 
 
-def to_torch(array: Any) -> Any:
+def to_torch(array: jax.Array) -> torch.Tensor:
     """The torch tensor over a JAX array's memory (no copy).
 
     Raises:
@@ -171,7 +176,7 @@ class RawPages:
         tensor).
     """
 
-    rows: Any
+    rows: torch.Tensor
     block_rows: np.ndarray
 
     @property
@@ -182,7 +187,7 @@ class RawPages:
     def num_blocks(self) -> int:
         return int(self.block_rows.shape[0])
 
-    def rows_of(self, block_ids: Any) -> np.ndarray:
+    def rows_of(self, block_ids: Sequence[int] | np.ndarray) -> np.ndarray:
         """Row ids of the given blocks, block-major (`[n * parts]`).
 
         Raises:
@@ -198,7 +203,7 @@ class RawPages:
         return self.block_rows[np.asarray(ids, dtype=np.int64)].reshape(-1)
 
 
-def raw_pages(tensor: Any, block_axis: int = 0) -> RawPages:
+def raw_pages(tensor: torch.Tensor, block_axis: int = 0) -> RawPages:
     """Views `tensor`'s whole storage as pages of one block part each, without a copy.
 
     A page is the compact run of dimensions after `block_axis` (what one block holds

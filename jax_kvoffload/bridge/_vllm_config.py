@@ -76,12 +76,12 @@ _SPEC_CLASSES: dict[str, type[KVCacheSpec]] = {
 }
 
 
-def _dtype_name(value: Any) -> str:
+def _dtype_name(value: object) -> str:
     # torch.bfloat16 -> "bfloat16"; strings pass through.
     return str(value).removeprefix("torch.")
 
 
-def _enum_value(value: Any) -> Any:
+def _enum_value(value: object) -> Any:
     return getattr(value, "value", value)
 
 
@@ -136,7 +136,7 @@ def convert_spec(spec: Any) -> KVCacheSpec:
     return from_trusted_fields(cls, **kwargs)
 
 
-def _default(cls: type, name: str) -> Any:
+def _default(cls: type, name: str) -> object:
     for f in dataclasses.fields(cls):
         if f.name == name:
             return f.default
@@ -179,7 +179,7 @@ def convert_kv_cache_config(kv_cache_config: Any) -> KVCacheConfig:
     )
 
 
-def _backend_name(backend: Any) -> str | None:
+def _backend_name(backend: object) -> str | None:
     if backend is None or isinstance(backend, str):
         return backend
     # An Executor class: only `== "mp"` is ever tested, so any other label is exact.

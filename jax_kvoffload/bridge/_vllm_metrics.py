@@ -17,10 +17,13 @@ stores and evictions went. Counters are sent as increments since the previous
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jax_kvoffload.config import OffloadingConfig
 from jax_kvoffload.stats import OffloadStats
+
+if TYPE_CHECKING:
+    from jax_kvoffload.store import StoreStats
 
 __all__ = [
     "CHUNK_EVICTIONS",
@@ -117,7 +120,7 @@ class CounterDeltas:
     def __init__(self) -> None:
         self._sent: dict[str, int] = {}
 
-    def report(self, payload: Any, store_stats: Any) -> None:
+    def report(self, payload: Any, store_stats: StoreStats) -> None:
         """Adds the occupancy gauge and the counter increments since the last call
         (`store_stats`: the `StoreStats` the same `get_stats` produced)."""
         payload.set_gauge(OCCUPANCY_PERC, store_stats.occupancy_perc)

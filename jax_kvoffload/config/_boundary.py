@@ -13,11 +13,16 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Mapping
 from dataclasses import MISSING, dataclass, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from jax_kvoffload.config import _validate as v
 from jax_kvoffload.config._errors import ConfigFieldError, ConfigTypeError
 from jax_kvoffload.config._frozen import FrozenDict, thaw
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -142,7 +147,7 @@ class OffloadingConfig:
         _check_type("parallel", self.parallel, OffloadingParallelConfig)
         v.optional_str_fields(self, "kv_cache_layout")
 
-    def with_layout_as_given(self, kv_cache_layout: Any) -> OffloadingConfig:
+    def with_layout_as_given(self, kv_cache_layout: object) -> OffloadingConfig:
         """This config with `kv_cache_layout` set to vLLM's value as it is, unchecked.
 
         vLLM copies `cache_config.kv_cache_layout` into its config without looking at
@@ -199,7 +204,7 @@ def _check_type(field: str, value: object, cls: type) -> None:
         raise ConfigTypeError(field, f"must be a {cls.__name__}, got {type(value).__name__}")
 
 
-def _plain(obj: Any) -> dict[str, Any]:
+def _plain(obj: DataclassInstance) -> dict[str, Any]:
     return {f.name: thaw(getattr(obj, f.name)) for f in fields(obj)}
 
 
@@ -220,7 +225,7 @@ def _check_keys(cls: type, data: Mapping[str, Any], where: str) -> None:
         raise ConfigFieldError(where, f"missing keys {sorted(missing)}; add them")
 
 
-def _build(cls: type, data: Mapping[str, Any], where: str) -> Any:
+def _build(cls: type[_T], data: Mapping[str, Any], where: str) -> _T:
     _check_keys(cls, data, where)
     kwargs = dict(data)
     if "layer_names" in kwargs and isinstance(kwargs["layer_names"], list):

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from fractions import Fraction
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from jax_kvoffload.config import _specs
 from jax_kvoffload.config._engine import (
@@ -47,11 +47,18 @@ SPEC_TYPES: dict[str, type[_specs.KVCacheSpec]] = {
 }
 
 
+_T = TypeVar("_T")
+# A key's converter: the raw JSON value and its path in, the field's value out.
+_Convert = Callable[[Any, str], object]
+
+
 def _fields(cls: type) -> dict[str, dataclasses.Field]:
     return {f.name: f for f in dataclasses.fields(cls) if f.init}
 
 
-def _build(cls: type, data: Any, path: str, convert: dict[str, Any] | None = None) -> Any:
+def _build(
+    cls: type[_T], data: object, path: str, convert: dict[str, _Convert] | None = None
+) -> _T:
     if not isinstance(data, Mapping):
         raise ConfigFieldError(path, f"expected an object, got {_json_type(data)}")
     known = _fields(cls)
@@ -80,20 +87,20 @@ def _build(cls: type, data: Any, path: str, convert: dict[str, Any] | None = Non
         raise type(exc)(f"{path}.{exc.field}", message) from None
 
 
-def _json_type(value: Any) -> str:
+def _json_type(value: object) -> str:
     names = {dict: "an object", list: "a list", str: "a string", bool: "a boolean"}
     if value is None:
         return "null"
     return names.get(type(value), "a number")
 
 
-def _tuple(value: Any, path: str) -> tuple:
+def _tuple(value: object, path: str) -> tuple:
     if not isinstance(value, list):
         raise ConfigFieldError(path, f"expected a list, got {_json_type(value)}")
     return tuple(value)
 
 
-def _ratio(value: Any, path: str) -> Any:
+def _ratio(value: object, path: str) -> object:
     # JSON has no fractions: "1/2" is accepted for tokens_per_state.
     if isinstance(value, str):
         try:
@@ -105,7 +112,7 @@ def _ratio(value: Any, path: str) -> Any:
     return value
 
 
-def spec_from_dict(data: Any, path: str = "kv_cache_spec") -> _specs.KVCacheSpec:
+def spec_from_dict(data: object, path: str = "kv_cache_spec") -> _specs.KVCacheSpec:
     if not isinstance(data, Mapping) or "type" not in data:
         raise ConfigFieldError(path, f'needs a "type", one of {sorted(SPEC_TYPES)}')
     kind = data["type"]
@@ -128,7 +135,7 @@ def spec_from_dict(data: Any, path: str = "kv_cache_spec") -> _specs.KVCacheSpec
     )
 
 
-def _layer_specs(value: Any, path: str) -> dict[str, _specs.KVCacheSpec]:
+def _layer_specs(value: object, path: str) -> dict[str, _specs.KVCacheSpec]:
     if not isinstance(value, Mapping):
         raise ConfigFieldError(
             path, f"expected an object of layer -> spec, got {_json_type(value)}"
@@ -136,14 +143,14 @@ def _layer_specs(value: Any, path: str) -> dict[str, _specs.KVCacheSpec]:
     return {name: spec_from_dict(inner, f"{path}.{name}") for name, inner in value.items()}
 
 
-def kv_cache_config_from_dict(data: Any, path: str = "kv_cache") -> KVCacheConfig:
-    def tensors(value: Any, where: str) -> tuple:
+def kv_cache_config_from_dict(data: object, path: str = "kv_cache") -> KVCacheConfig:
+    def tensors(value: object, where: str) -> tuple:
         return tuple(
             _build(KVCacheTensor, t, f"{where}[{i}]", {"layers": _tuple})
             for i, t in enumerate(_tuple(value, where))
         )
 
-    def groups(value: Any, where: str) -> tuple:
+    def groups(value: object, where: str) -> tuple:
         return tuple(
             _build(
                 KVCacheGroupSpec,
@@ -163,7 +170,7 @@ def kv_cache_config_from_dict(data: Any, path: str = "kv_cache") -> KVCacheConfi
     )
 
 
-def _role(value: Any, path: str) -> KVCacheGroupRole:
+def _role(value: object, path: str) -> KVCacheGroupRole:
     try:
         return KVCacheGroupRole(value)
     except ValueError:
@@ -171,7 +178,7 @@ def _role(value: Any, path: str) -> KVCacheGroupRole:
         raise ConfigFieldError(path, f"unknown role {show(value)}; use one of {roles}") from None
 
 
-def engine_config_from_dict(data: Any, path: str = "engine") -> EngineConfig:
+def engine_config_from_dict(data: object, path: str = "engine") -> EngineConfig:
     sub = {
         "model_config": lambda v, p: _build(ModelConfig, v, p),
         "cache_config": lambda v, p: _build(CacheConfig, v, p),
@@ -205,7 +212,7 @@ def _parse_constant(name: str) -> float:
     raise _BadNumber(f"{name} is not a JSON number; use a finite number")
 
 
-def _depth(value: Any) -> int:
+def _depth(value: object) -> int:
     deepest, stack = 0, [(value, 1)]
     while stack:
         item, depth = stack.pop()

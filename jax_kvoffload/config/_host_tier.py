@@ -109,7 +109,7 @@ def _int(key: str, value: Any, *, strict: bool = False) -> int:
         raise ConfigFieldError(where, f"{value!r} is not an integer; e.g. {{{key!r}: 2}}") from None
 
 
-def _str(key: str, value: Any, *, optional: bool = False) -> str | None:
+def _str(key: str, value: object, *, optional: bool = False) -> str | None:
     if value is None and optional:
         return None
     if not isinstance(value, str) or not value:

@@ -13,7 +13,7 @@ import difflib
 import enum
 import functools
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from jax_kvoffload.config._errors import KVOffloadError, KVOffloadTypeError
@@ -37,7 +37,9 @@ def _show(value: object) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _error(name: str, sig: inspect.Signature, kwargs: dict[str, Any], bad: TypeError) -> Any:
+def _error(
+    name: str, sig: inspect.Signature, kwargs: dict[str, Any], bad: TypeError
+) -> SignatureError:
     params = [p for p in sig.parameters if p not in ("self", "cls")]
     listed = ", ".join(params)
     named = [p.name for p in sig.parameters.values() if p.kind is not p.VAR_KEYWORD]
@@ -91,7 +93,7 @@ def checked_arguments(target: _T) -> _T:
     return _wrap(target, getattr(target, "__qualname__", "function"))  # type: ignore[arg-type,return-value]
 
 
-def check_arguments_of(classes: Any) -> None:
+def check_arguments_of(classes: Iterable[object]) -> None:
     """`checked_arguments` on every class of `classes` (a package's exported names)."""
     for obj in classes:
         if isinstance(obj, type) and not issubclass(obj, (BaseException, enum.Enum)):

@@ -13,7 +13,7 @@ import enum
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import numpy as np
 
@@ -62,7 +62,17 @@ _PER_TOKEN_HEAD = frozenset(
 )
 
 
-def _check_padding(spec: Any) -> None:
+class _Padded(Protocol):
+    """A spec whose page may be padded (attention and MLA specs)."""
+
+    @property
+    def page_size_padded(self) -> int | None: ...
+
+    @property
+    def real_page_size_bytes(self) -> int: ...
+
+
+def _check_padding(spec: _Padded) -> None:
     # vLLM asserts page_size_padded >= the real page (when the page size is read); say
     # which sizes and the fix.
     if spec.page_size_padded is not None and spec.page_size_padded < spec.real_page_size_bytes:

@@ -8,7 +8,7 @@ import ipaddress
 import re
 import urllib.parse
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from jax_kvoffload.config._tier_options import TierOptions, set_checked
 from jax_kvoffload.config._tier_values import (
@@ -39,7 +39,7 @@ _DEVICE = re.compile(r"^[A-Za-z0-9_.:-]+(,[A-Za-z0-9_.:-]+)*$")
 _HOST = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 
 
-def _check_mooncake_host(where: str, key: str, host: str, shown: Any) -> None:
+def _check_mooncake_host(where: str, key: str, host: str, shown: object) -> None:
     try:
         ipaddress.ip_address(host)
         return
@@ -53,7 +53,7 @@ def _check_mooncake_host(where: str, key: str, host: str, shown: Any) -> None:
     check_host(where, key, host, shown=shown)
 
 
-def parse_host_port(where: str, key: str, value: Any) -> tuple[str, int]:
+def parse_host_port(where: str, key: str, value: object) -> tuple[str, int]:
     """`"host:port"` (or `"[v6]:port"`) as `(host, port)`; the port is required."""
     fix = 'must be "host:port", e.g. "10.0.0.5:50051"'
     if not isinstance(value, str) or not value or len(value) > 300:
@@ -73,7 +73,7 @@ def parse_host_port(where: str, key: str, value: Any) -> tuple[str, int]:
     return host, int(port)
 
 
-def check_metadata_server(where: str, value: Any) -> str:
+def check_metadata_server(where: str, value: object) -> str:
     """An `http://host:port/path` (etcd://, redis://) URL or `"P2PHANDSHAKE"`."""
     fix = (
         'must be the metadata server, e.g. "http://10.0.0.5:8080/metadata" (the master '

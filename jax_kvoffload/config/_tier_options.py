@@ -13,7 +13,7 @@ from jax_kvoffload.config._tier_values import check_common
 __all__ = ["TierOptions", "VllmTierConfig", "set_checked"]
 
 
-def set_checked(obj: object, name: str, value: Any) -> None:
+def set_checked(obj: object, name: str, value: object) -> None:
     """Stores a checked, normalised value on a frozen configuration (in `__post_init__`)."""
     object.__setattr__(obj, name, value)
 

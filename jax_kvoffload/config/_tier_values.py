@@ -50,7 +50,7 @@ class TierConfigError(OffloadConfigError):
     """A `secondary_tiers` entry is malformed; `where`, `key` and `value` locate it and
     `reason` says what is wrong and how to fix it."""
 
-    def __init__(self, where: str, key: str | None, value: Any, message: str) -> None:
+    def __init__(self, where: str, key: str | None, value: object, message: str) -> None:
         at = f"{where}.{key}" if key else where
         shown = "" if value is ABSENT else f"={value!r:.200}"
         super().__init__(f"{at}{shown}: {message}")
@@ -68,7 +68,7 @@ class TierConfigError(OffloadConfigError):
 MAX_SIZE = 2**63 - 1
 
 
-def _is_int(value: Any) -> bool:
+def _is_int(value: object) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
@@ -118,19 +118,19 @@ def check_seconds(where: str, key: str, value: Any) -> float:
     return float(value)
 
 
-def check_bool(where: str, key: str, value: Any) -> bool:
+def check_bool(where: str, key: str, value: object) -> bool:
     if not isinstance(value, bool):
         raise TierConfigError(where, key, value, "must be true or false")
     return value
 
 
-def check_opt_str(where: str, key: str, value: Any) -> str | None:
+def check_opt_str(where: str, key: str, value: object) -> str | None:
     if value is not None and (not isinstance(value, str) or not value or "\0" in value):
         raise TierConfigError(where, key, value, "must be a non-empty string (or absent)")
     return value
 
 
-def check_path(where: str, key: str, value: Any) -> str:
+def check_path(where: str, key: str, value: object) -> str:
     if not isinstance(value, str) or not value or "\0" in value:
         raise TierConfigError(
             where, key, value, 'must be a directory path string (no NUL), e.g. "/var/cache/jkv"'
@@ -139,7 +139,7 @@ def check_path(where: str, key: str, value: Any) -> str:
 
 
 def check_common(
-    where: str, locality: Any, backpressure: Any, events: Any
+    where: str, locality: object, backpressure: object, events: object
 ) -> tuple[str | None, FrozenDict | None, bool]:
     """`(locality, backpressure, enable_kv_events)`, checked and normalised."""
     if locality is not None:
@@ -156,7 +156,7 @@ def check_common(
     return locality, backpressure, check_bool(where, "enable_kv_events", events)
 
 
-def parse_redis_url(where: str, key: str, url: Any) -> dict[str, Any]:
+def parse_redis_url(where: str, key: str, url: object) -> dict[str, Any]:
     """The parts of a `redis://`, `rediss://` or `unix://` URL (see `RedisTierConfig`)."""
     if not isinstance(url, str) or not url or "\0" in url:
         raise TierConfigError(where, key, url, 'must be a URL like "redis://127.0.0.1:6379/0"')
@@ -204,7 +204,9 @@ _CLUSTER = {True: "on", False: "off", "auto": "auto", "on": "on", "off": "off"}
 MAX_SEEDS = 64
 
 
-def check_cluster(where: str, url: str, cluster: Any, seeds: Any) -> tuple[str, tuple[str, ...]]:
+def check_cluster(
+    where: str, url: str, cluster: object, seeds: object
+) -> tuple[str, tuple[str, ...]]:
     """`(cluster, seed_urls)` of a Redis tier, checked and normalised (`RedisTierConfig`):
     a cluster's nodes are TCP addresses with database 0 only, and every seed shares
     `url`'s scheme and credentials."""
@@ -253,7 +255,7 @@ def check_cluster(where: str, url: str, cluster: Any, seeds: Any) -> tuple[str, 
     return mode, tuple(seeds)
 
 
-def check_host(where: str, key: str, host: str, *, shown: Any = ABSENT) -> None:
+def check_host(where: str, key: str, host: str, *, shown: object = ABSENT) -> None:
     """Refuses a host name no resolver takes: the C resolver (through Python's IDNA
     codec) raises `UnicodeError` for it at every connect, not a connection error."""
     try:

@@ -43,7 +43,7 @@ __all__ = [
 TierConfig = TierOptions | VllmTierConfig
 
 
-def _unknown(where: str, raw: Mapping[str, Any], cls: type) -> None:
+def _unknown(where: str, raw: Mapping[str, object], cls: type) -> None:
     known = sorted({f.name for f in dataclasses.fields(cls)} | {"type", "module_path"})
     for key in raw:
         close = difflib.get_close_matches(str(key), known, n=1)
@@ -68,7 +68,7 @@ def _build(where: str, cls: type[TierOptions], raw: dict[str, Any]) -> TierOptio
         raise e.relocated(where) from None
 
 
-def tier_config_from_dict(entry: Any, where: str = "secondary_tiers[0]") -> TierConfig:
+def tier_config_from_dict(entry: object, where: str = "secondary_tiers[0]") -> TierConfig:
     """One `secondary_tiers` entry, typed (see the module docstring for the shapes)."""
     if not isinstance(entry, Mapping):
         raise TierConfigError(
@@ -114,7 +114,7 @@ def tier_config_from_dict(entry: Any, where: str = "secondary_tiers[0]") -> Tier
     return VllmTierConfig(type=tier_type, module_path=module_path, options=FrozenDict(raw))
 
 
-def parse_secondary_tiers(value: Any, where: str = "secondary_tiers") -> tuple[TierConfig, ...]:
+def parse_secondary_tiers(value: object, where: str = "secondary_tiers") -> tuple[TierConfig, ...]:
     """The typed tiers of a `secondary_tiers` value (None or a list of dicts)."""
     if value is None:
         return ()
@@ -129,6 +129,6 @@ def parse_secondary_tiers(value: Any, where: str = "secondary_tiers") -> tuple[T
     return tuple(tier_config_from_dict(e, f"{where}[{i}]") for i, e in enumerate(value))
 
 
-def secondary_tiers_from_extra_config(extra_config: Mapping[str, Any]) -> tuple[TierConfig, ...]:
+def secondary_tiers_from_extra_config(extra_config: Mapping[str, object]) -> tuple[TierConfig, ...]:
     """`parse_secondary_tiers(extra_config.get("secondary_tiers"))`."""
     return parse_secondary_tiers(extra_config.get("secondary_tiers"))

@@ -10,13 +10,18 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from fractions import Fraction
-from typing import Any, TypeGuard
+from typing import TYPE_CHECKING, Any, TypeGuard, TypeVar
 
 import numpy as np
 
 from jax_kvoffload.config._errors import ConfigFieldError, ConfigTypeError
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+_T = TypeVar("_T", bound="DataclassInstance")
 
 _SHOW_LIMIT = 80
 # Sizes, counts and ids travel as int64 (numpy, XLA, the OS): larger ones overflow there.
@@ -111,35 +116,35 @@ def check_names(field: str, value: object) -> tuple[str, ...]:
     return names
 
 
-def set_fields(obj: Any, check: Any, names: Iterable[str], **kw: Any) -> None:
+def set_fields(obj: object, check: Callable[..., object], names: Iterable[str], **kw: Any) -> None:
     """Applies `check(name, value, **kw)` to each named field of `obj` and stores the result."""
     for name in names:
         object.__setattr__(obj, name, check(name, getattr(obj, name), **kw))
 
 
-def int_fields(obj: Any, *names: str, minimum: int | None = None, bounded: bool = True) -> None:
+def int_fields(obj: object, *names: str, minimum: int | None = None, bounded: bool = True) -> None:
     set_fields(obj, check_int, names, minimum=minimum, bounded=bounded)
 
 
 def optional_int_fields(
-    obj: Any, *names: str, minimum: int | None = None, bounded: bool = True
+    obj: object, *names: str, minimum: int | None = None, bounded: bool = True
 ) -> None:
     set_fields(obj, check_optional_int, names, minimum=minimum, bounded=bounded)
 
 
-def bool_fields(obj: Any, *names: str) -> None:
+def bool_fields(obj: object, *names: str) -> None:
     set_fields(obj, check_bool, names)
 
 
-def str_fields(obj: Any, *names: str) -> None:
+def str_fields(obj: object, *names: str) -> None:
     set_fields(obj, check_str, names)
 
 
-def optional_str_fields(obj: Any, *names: str) -> None:
+def optional_str_fields(obj: object, *names: str) -> None:
     set_fields(obj, check_optional_str, names)
 
 
-def from_trusted_fields(cls: type, /, **values: Any) -> Any:
+def from_trusted_fields(cls: type[_T], /, **values: Any) -> _T:
     """An instance of the config dataclass `cls` holding `values` as they are, without
     the constructor's checks.
 

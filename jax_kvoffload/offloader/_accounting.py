@@ -10,10 +10,14 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from jax_kvoffload.hostmem import HostCopies
 from jax_kvoffload.stats import OffloadStats, TierSource, TransferTally, store_side
 from jax_kvoffload.transfer import TransferResult
+
+if TYPE_CHECKING:
+    from jax_kvoffload.store import HostStore
 
 __all__ = ["OffloaderAccounting"]
 
@@ -32,7 +36,7 @@ class OffloaderAccounting:
 
     def __init__(
         self,
-        store: object,
+        store: HostStore,
         tokens_per_block: Mapping[int, int],
         blocks_per_chunk: int,
         tiers: TierSource | None = None,

@@ -169,7 +169,7 @@ def check_tiers(tiers: object) -> tuple[SecondaryTier, ...]:
     return tiers
 
 
-def budget_error(budget: Any, chunk_bytes: int) -> OffloaderError:
+def budget_error(budget: object, chunk_bytes: int) -> OffloaderError:
     return OffloaderError(
         f"cpu_bytes_to_use={budget!r} buys no chunk: one chunk takes {chunk_bytes} bytes "
         f"of host memory; give at least {chunk_bytes} (better, room for many prompts)"
@@ -179,7 +179,7 @@ def budget_error(budget: Any, chunk_bytes: int) -> OffloaderError:
 def assemble(
     config: OffloadingConfig,
     caches: dict[int, GroupCaches],
-    cpu_bytes_to_use: Any,
+    cpu_bytes_to_use: int | str | None,
     eviction_policy: str | None,
     host_pool: str | None,
     tiers: Sequence[SecondaryTier] | None,

@@ -30,7 +30,7 @@ with SIGINT held, `deferred_interrupts`); the parts it calls hold no signal them
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, cast
+from typing import cast
 
 import jax
 import numpy as np
@@ -62,7 +62,9 @@ from jax_kvoffload.store import (
     KeyNotReadyError,
     KeyNotStoredError,
     LookupResult,
+    OffloadingEvent,
     OffloadKey,
+    StoreStats,
     make_offload_key,
 )
 from jax_kvoffload.tiers import SecondaryTier, namespace_digest
@@ -130,7 +132,7 @@ class KVOffloader:
         host_pool: str | None = None,
         tiers: Sequence[SecondaryTier] | None = None,
         backend: str = "auto",
-        interpret: Any = False,
+        interpret: object = False,
         max_bucket: int = 256,
         total_kv_heads: int | None = None,
     ) -> None:
@@ -176,7 +178,7 @@ class KVOffloader:
         return self._stats.snapshot()
 
     @property
-    def store_stats(self) -> Any:
+    def store_stats(self) -> StoreStats:
         return self._store.get_stats()
 
     @property
@@ -233,7 +235,7 @@ class KVOffloader:
                 check_distinct([*others, *arrays], "set_caches (all groups)")
             self._engine.set_arrays(g, arrays)
 
-    def take_events(self) -> list[Any]:
+    def take_events(self) -> list[OffloadingEvent]:
         with self._guard:
             return self._store.take_events()
 

@@ -7,7 +7,7 @@ import threading
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
@@ -17,7 +17,16 @@ from jax_kvoffload.tiers._errors import TierClosedError
 
 __all__ = ["KeyFlags", "SecondaryTier", "TierCounters", "TierJobResult"]
 
-Buffer = Any  # any object exporting a contiguous buffer (bytes, memoryview, numpy array)
+if TYPE_CHECKING:
+    from typing import TypeAlias
+
+    from typing_extensions import Buffer as _BufferProtocol
+
+    # Any object exporting a contiguous buffer: bytes, memoryview, a numpy array (whose
+    # stubs declare the buffer protocol on Python 3.12+ only).
+    Buffer: TypeAlias = _BufferProtocol | np.ndarray
+else:
+    Buffer = Any  # (typing_extensions is not a runtime dependency)
 
 _NONE = object()
 

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jax_kvoffload.tiers._entry import MAX_KEY_BYTES
 from jax_kvoffload.tiers._errors import TierKeyError
+
+if TYPE_CHECKING:
+    from jax_kvoffload.tiers._base import Buffer
 
 __all__ = ["byte_view", "check_items", "check_keys"]
 
@@ -54,7 +57,7 @@ def byte_view(buf: Any, name: str, *, writable: bool = False) -> memoryview:
 
 
 def check_items(
-    items: Sequence[tuple[bytes, Any]], name: str, *, writable: bool = False, min_bytes: int = 1
+    items: Sequence[tuple[bytes, Buffer]], name: str, *, writable: bool = False, min_bytes: int = 1
 ) -> list[tuple[bytes, memoryview]]:
     """`[(key, byte view)]` after checking every key and buffer; duplicate keys refused."""
     if isinstance(items, (bytes, bytearray, str)):

@@ -21,12 +21,15 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from jax_kvoffload._log_once import log_once
 from jax_kvoffload.errors import KVOffloadTypeError, KVOffloadValueError
+
+if TYPE_CHECKING:
+    from jax_kvoffload.tiers._base import Buffer
 
 __all__ = ["CRC32C_BACKEND", "crc32c", "crc32c_numpy", "crc32c_reference"]
 
@@ -160,7 +163,7 @@ def _bytewise(buf: np.ndarray, value: int) -> int:
 # ---- backend choice ----------------------------------------------------------------------
 
 
-def _pick() -> tuple[str, Callable[[Any, int], int]]:
+def _pick() -> tuple[str, Callable[[Buffer, int], int]]:
     try:
         import google_crc32c
 
@@ -181,7 +184,7 @@ def _pick() -> tuple[str, Callable[[Any, int], int]]:
     try:
         import crc32c as _crc32c_pkg
 
-        def _icrar(data: Any, value: int = 0) -> int:
+        def _icrar(data: Buffer, value: int = 0) -> int:
             crc: int = _crc32c_pkg.crc32c(data, value)
             return crc
 
@@ -194,7 +197,7 @@ def _pick() -> tuple[str, Callable[[Any, int], int]]:
 CRC32C_BACKEND, _impl = _pick()
 
 
-def crc32c(data: Any, value: int = 0) -> int:
+def crc32c(data: Buffer, value: int = 0) -> int:
     """CRC32C of the bytes of `data` (any contiguous buffer), continuing from `value`.
 
     `crc32c(b + c) == crc32c(c, crc32c(b))`; `crc32c(b"123456789") == 0xE3069283`.
@@ -212,7 +215,7 @@ def crc32c(data: Any, value: int = 0) -> int:
         raise KVOffloadValueError(f"crc32c(data): {e}; pass a contiguous copy") from None
 
 
-def _check_value(value: Any) -> None:
+def _check_value(value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
         raise KVOffloadTypeError(f"crc32c value must be an int (a CRC), got {value!r:.40}")
     if not 0 <= value <= 0xFFFFFFFF:

@@ -28,7 +28,6 @@ import stat
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from jax_kvoffload._log_once import log_once
 from jax_kvoffload._threads import start_threads
@@ -100,7 +99,7 @@ class DiskTier(SecondaryTier):
         config: DiskTierConfig,
         namespace: bytes,
         *,
-        describe: Mapping[str, Any] | None = None,
+        describe: Mapping[str, object] | None = None,
     ) -> None:
         super().__init__(namespace)
         if not isinstance(config, DiskTierConfig):

@@ -21,6 +21,7 @@ import mmap
 import os
 import stat
 import threading
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -412,7 +413,7 @@ def stored_length(fd: int, stage: StagingBuffer, namespace: bytes, key: bytes, s
     return plen if fits and hdr.header_len == ALIGN else None
 
 
-def write_description(ns_fd: int, describe: Any) -> None:
+def write_description(ns_fd: int, describe: Mapping[str, object]) -> None:
     """Writes `describe` as JSON to `namespace.json` in the namespace directory
     (atomically: a temporary file renamed into place); a failure is logged only."""
     data = json.dumps(dict(describe), indent=2, sort_keys=True).encode()

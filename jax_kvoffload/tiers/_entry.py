@@ -139,7 +139,7 @@ def namespace_fields(
     *,
     codec: str = "raw",
     rank: int | None = None,
-    pages: Any = None,
+    pages: object = None,
 ) -> dict[str, Any]:
     """What an entry's bytes depend on, as a JSON-ready dict (the input of the digest).
 
@@ -238,7 +238,7 @@ def _canonical_format(config: OffloadingConfig) -> str | None:
 
 
 def namespace_digest(
-    config: OffloadingConfig, *, codec: str = "raw", rank: int | None = None, pages: Any = None
+    config: OffloadingConfig, *, codec: str = "raw", rank: int | None = None, pages: object = None
 ) -> bytes:
     """SHA-256 (32 bytes) of `namespace_fields(...)` as canonical JSON.
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Mapping
-from typing import Any
 
 from jax_kvoffload.config import TierConfig, TierConfigError, VllmTierConfig
 from jax_kvoffload.config.internals import TierKind, kind_names_in_words, tier_kinds
@@ -29,7 +28,7 @@ def tier_class(kind: TierKind) -> type[SecondaryTier]:
 
 
 def open_tier(
-    config: TierConfig, namespace: bytes, *, describe: Mapping[str, Any] | None = None
+    config: TierConfig, namespace: bytes, *, describe: Mapping[str, object] | None = None
 ) -> SecondaryTier:
     """The tier `config` describes, for entries of `namespace` (`namespace_digest`).
 

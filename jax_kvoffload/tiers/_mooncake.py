@@ -91,7 +91,7 @@ class MooncakeTier(SecondaryTier):
         config: MooncakeTierConfig,
         namespace: bytes,
         *,
-        describe: Mapping[str, Any] | None = None,
+        describe: Mapping[str, object] | None = None,
     ) -> None:
         super().__init__(namespace)  # `describe`: the store keeps no file beside entries
         if not isinstance(config, MooncakeTierConfig):

@@ -152,7 +152,7 @@ class RedisTier(SecondaryTier):
         config: RedisTierConfig,
         namespace: bytes,
         *,
-        describe: Mapping[str, Any] | None = None,
+        describe: Mapping[str, object] | None = None,
     ) -> None:
         super().__init__(namespace)  # `describe`: a server keeps no file beside the entries
         if not isinstance(config, RedisTierConfig):

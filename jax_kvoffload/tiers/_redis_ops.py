@@ -103,7 +103,7 @@ class GetOp(Op):
                     raise conn.unexpected(reply, "DEL")
 
 
-def is_bad(reason: Any) -> bool:
+def is_bad(reason: object) -> bool:
     """Whether a GET reply says the stored value is damaged or not ours."""
     return isinstance(reason, str) and reason != "absent"
 

@@ -216,7 +216,7 @@ class RespConnection:
             err.__cause__ = cause
         return err
 
-    def unexpected(self, reply: Any, command: str) -> RespConnectionError:
+    def unexpected(self, reply: object, command: str) -> RespConnectionError:
         """Closes the connection after a reply of the wrong type for `command` (the server
         and this client disagree about the stream: later replies cannot be trusted)."""
         return self._fail(f"unexpected reply {reply!r:.40} to {command}")

@@ -196,7 +196,7 @@ def parse_redirect(message: str) -> Redirect | None:
 # ---- CLUSTER SHARDS / CLUSTER SLOTS ------------------------------------------------------
 
 
-def _text(value: Any, what: str) -> str:
+def _text(value: object, what: str) -> str:
     if not isinstance(value, bytes):
         raise SlotMapError(f"{what} is {type(value).__name__}, not a string")
     try:
@@ -205,19 +205,19 @@ def _text(value: Any, what: str) -> str:
         raise SlotMapError(f"{what} {value!r:.60} is not ASCII") from None
 
 
-def _int(value: Any, what: str, low: int, high: int) -> int:
+def _int(value: object, what: str, low: int, high: int) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
         raise SlotMapError(f"{what} {value!r:.40} is not an integer in {low}..{high}")
     return value
 
 
-def _flat_map(value: Any, what: str) -> dict[str, Any]:
+def _flat_map(value: object, what: str) -> dict[str, Any]:
     if not isinstance(value, list) or len(value) % 2:
         raise SlotMapError(f"{what} is not a list of name/value pairs")
     return {_text(value[i], f"a name in {what}"): value[i + 1] for i in range(0, len(value), 2)}
 
 
-def _endpoint(value: Any, asked: str) -> str | None:
+def _endpoint(value: object, asked: str) -> str | None:
     """A node's preferred endpoint: NULL or "" mean the host the map came from (Redis'
     CLUSTER SLOTS documentation); "?" an endpoint the cluster does not know (None)."""
     if value is None or value == b"":
@@ -235,7 +235,7 @@ def _node(host: str | None, port: int, loopback_only: bool) -> Address | None:
     return (host, port)
 
 
-def parse_shards(reply: Any, asked: str, *, tls: bool, loopback_only: bool) -> SlotMap:
+def parse_shards(reply: object, asked: str, *, tls: bool, loopback_only: bool) -> SlotMap:
     """The map of a `CLUSTER SHARDS` reply from a node reached at host `asked`.
 
     A shard's primary is its node of role "master" (or "primary"); the port is its
@@ -275,7 +275,7 @@ def parse_shards(reply: Any, asked: str, *, tls: bool, loopback_only: bool) -> S
     return SlotMap.from_ranges(ranges, replicas)
 
 
-def parse_slots(reply: Any, asked: str, *, loopback_only: bool) -> SlotMap:
+def parse_slots(reply: object, asked: str, *, loopback_only: bool) -> SlotMap:
     """The map of a `CLUSTER SLOTS` reply: `[first, last, primary, replica...]` per
     range, each node `[endpoint, port, id, ...]`."""
     if not isinstance(reply, list):

@@ -28,9 +28,9 @@ from jax_kvoffload.transfer._staging import HostBuffers, bucket_for, replicated,
 # One load piece to fetch: (group, block ids, transfer, first slot, staging shape).
 LoadPlan = list[tuple[int, np.ndarray, CheckedTransfer, int, tuple[int, ...]]]
 # One fetched load piece: (group, block ids, device staging, host buffers to give back).
-LoadPieces = list[tuple[int, np.ndarray, Any, list[np.ndarray]]]
+LoadPieces = list[tuple[int, np.ndarray, jax.Array, list[np.ndarray]]]
 # One gathered store piece: (group, transfer, first slot, host array).
-StorePieces = list[tuple[int, CheckedTransfer, int, Any]]
+StorePieces = list[tuple[int, CheckedTransfer, int, jax.Array]]
 
 
 class FetchedLoad:
@@ -140,11 +140,14 @@ class StagedCopies:
         (pinned host arrays on accelerators: no host copy); the others copy them into
         reused staging buffers first (`read_blocks`, one host copy per byte)."""
         hosts: list[Any] = []  # every host array of the job, each once, in piece order
-        targets: list[Any] = []  # where each goes
-        seen: dict[tuple[int, Any], int] = {}  # (id of a row, target) -> index in hosts
+        targets: list[jax.sharding.Sharding] = []  # where each goes
+        # (id of a row, target) -> index in hosts
+        seen: dict[tuple[int, jax.sharding.Sharding], int] = {}
         # (group, ids, what: [(host index, k0, k1)] of rows | the host index of a
         # staging buffer | a fetched sharded staging, buffers)
-        pieces: list[tuple[int, np.ndarray, Any, list[np.ndarray]]] = []
+        pieces: list[
+            tuple[int, np.ndarray, list[tuple[int, int, int]] | int | jax.Array, list[np.ndarray]]
+        ] = []
         for group, ids, t, first, shape in plan:
             gc = self._caches[group]
             if gc.relays:

@@ -65,7 +65,7 @@ def to_canonical(arrays: Sequence[jax.Array], heads: int, staging: jax.Array) ->
     return pk.rpa_canonical(staging, heads, pk.rpa_shards(arrays[0]))
 
 
-def canonical_sharding(arrays: Sequence[jax.Array], layout: pk.KVLayout) -> Any:
+def canonical_sharding(arrays: Sequence[jax.Array], layout: pk.KVLayout) -> NamedSharding | None:
     """Where a load's canonical staging goes: the kernels' staging sharding with the
     packing axis dropped (the slots stay split over the same devices), or None."""
     sharding = pk.staging_sharding(arrays, layout)
@@ -91,7 +91,7 @@ def merge_into_pages(
     return pk.rpa_merge_canonical(current, canonical, heads, pk.rpa_shards(arrays[0]))
 
 
-def _slots_sharding(current: jax.Array, canonical: jax.Array) -> Any:
+def _slots_sharding(current: jax.Array, canonical: jax.Array) -> jax.sharding.Sharding:
     sharding = current.sharding
     if not isinstance(sharding, NamedSharding):
         return sharding

@@ -11,7 +11,6 @@ not use) are written once and read once per distinct shard.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import jax
 import numpy as np
@@ -39,7 +38,7 @@ def fetch_sharded(
     read_shards: Callable[[list[Shard]], None],
     take: Callable[[tuple[int, int]], np.ndarray],
     shape: tuple[int, ...],
-    dtype: Any,
+    dtype: np.dtype,
     sharding: jax.sharding.Sharding,
 ) -> tuple[jax.Array, list[np.ndarray]] | None:
     """Reads each distinct shard of a `shape` staging array from the pool into its own

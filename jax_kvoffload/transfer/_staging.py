@@ -4,13 +4,12 @@ buffers (the JAX engine's _copies.py and the vLLM bridge's torch worker)."""
 from __future__ import annotations
 
 import threading
-from typing import Any
 
 import jax
 import numpy as np
 
 
-def host_sharding(staging: jax.Array) -> Any:
+def host_sharding(staging: jax.Array) -> jax.sharding.Sharding | None:
     """The staging array's own sharding in pinned host memory (when the platform has it).
 
     Derived from the staging array, not the caches: a cache's partition spec names the
@@ -23,7 +22,7 @@ def host_sharding(staging: jax.Array) -> Any:
     return None
 
 
-def to_host(stagings: list[jax.Array], on_cpu: list[bool]) -> list[Any]:
+def to_host(stagings: list[jax.Array], on_cpu: list[bool]) -> list[jax.Array]:
     """A store's stagings on their way to host memory: one `device_put` of them all into
     pinned host memory where the platform has it (asynchronous; read them with
     `np.asarray`, or wait with `jax.block_until_ready`). On CPU (`on_cpu`) a device
@@ -47,7 +46,7 @@ def bucket_for(block_bytes: int, max_bucket: int, max_staging_bytes: int) -> int
     return bucket
 
 
-def replicated(sharding: Any) -> Any:
+def replicated(sharding: jax.sharding.Sharding) -> jax.sharding.Sharding:
     """A sharding that places a whole staging array on every device of `sharding`."""
     mesh = getattr(sharding, "mesh", None)
     if mesh is None:

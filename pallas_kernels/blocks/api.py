@@ -17,7 +17,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 
 from . import mesh, reference, xla
-from .backends import get_backend
+from .backends import Backend, get_backend
 from .checks import check_block_ids, check_caches, check_staging
 from .layout import (
     KVLayout,
@@ -132,7 +132,7 @@ def _ids_arg(block_ids: Any) -> Any:
     return np.asarray(block_ids)
 
 
-def _one_device_at_a_time(record: Any, interpret: Any, caches: Sequence[Any]) -> bool:
+def _one_device_at_a_time(record: Backend, interpret: object, caches: Sequence[Any]) -> bool:
     return bool(interpret) and record.interpreter_models_devices and mesh.spans_devices(caches)
 
 

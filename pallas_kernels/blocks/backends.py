@@ -79,7 +79,9 @@ class Backend:
         """Its Pallas module imported (always true for ``xla`` and ``reference``)."""
         return not self.import_error
 
-    def supports(self, where: Any, compute_capability: tuple[int, int] | None = None) -> bool:
+    def supports(
+        self, where: jax.Device | str, compute_capability: tuple[int, int] | None = None
+    ) -> bool:
         """Whether its compiled kernels run on ``where``: a jax device, or a platform
         name ("cpu", "tpu", "gpu"/"cuda", "rocm"; then pass ``compute_capability`` to
         check a minimum, which a device carries itself)."""
@@ -206,11 +208,13 @@ def available_backends() -> tuple[str, ...]:
     return tuple(b.name for b in _REGISTRY if b.available)
 
 
-def default_device() -> Any:
+def default_device() -> jax.Device:
     return jax.devices()[0]
 
 
-def supported_backends(where: Any = None, *, interpret: bool = False) -> tuple[str, ...]:
+def supported_backends(
+    where: jax.Device | str | None = None, *, interpret: bool = False
+) -> tuple[str, ...]:
     """Backends that run on ``where`` (a device or platform name; None: jax's default
     device), compiled; with ``interpret=True`` also those that can run in a CPU
     interpreter there. ``auto`` is always accepted on top of these."""
@@ -220,7 +224,7 @@ def supported_backends(where: Any = None, *, interpret: bool = False) -> tuple[s
     )
 
 
-def pick_backend(device: Any) -> Backend:
+def pick_backend(device: jax.Device) -> Backend:
     """What ``auto`` runs on ``device``: the first record that imported and supports it."""
     return next(b for b in _REGISTRY if b.supports(device))
 

@@ -84,11 +84,11 @@ def _check_array(x: Any, name: str) -> None:
         )
 
 
-def _is_concrete(x: Any) -> TypeGuard[jax.Array]:
+def _is_concrete(x: object) -> TypeGuard[jax.Array]:
     return isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer)
 
 
-def _devices(x: Any) -> frozenset[Any] | None:
+def _devices(x: object) -> frozenset[jax.Device] | None:
     return frozenset(x.sharding.device_set) if _is_concrete(x) else None
 
 
@@ -182,7 +182,7 @@ def check_staging(
     ):
         where = "pk.staging_sharding(caches, layout)"
         if staging_sharding([cache], layout) is None:
-            one = len(cast("frozenset[Any]", _devices(cache))) == 1
+            one = len(cast("frozenset[jax.Device]", _devices(cache))) == 1
             where = "the caches' device" if one else "the caches' mesh"
         raise StagingMismatchError(
             f"staging lives on {_show_devices(staging)} but the caches on "

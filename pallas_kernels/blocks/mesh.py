@@ -44,7 +44,7 @@ class LocalPlan:
         )
 
 
-def local_plan(caches: Sequence[Any], layout: KVLayout) -> LocalPlan | None:
+def local_plan(caches: Sequence[jax.Array], layout: KVLayout) -> LocalPlan | None:
     """A ``LocalPlan`` when every cache has one ``NamedSharding`` over several devices
     that shards only axes after the block axis (and is not fully replicated); else None.
 
@@ -78,7 +78,7 @@ def _without_trivial(entry: Any, mesh: Any) -> Any:
     return kept if isinstance(entry, tuple) else kept[0]
 
 
-def staging_sharding(caches: Sequence[Any], layout: KVLayout) -> NamedSharding | None:
+def staging_sharding(caches: Sequence[jax.Array], layout: KVLayout) -> NamedSharding | None:
     """Where ``gather_blocks`` puts its staging for these caches (and where
     ``scatter_blocks`` wants it): sharded like the caches' page axes, or None when the
     caches take the global path."""
@@ -88,7 +88,7 @@ def staging_sharding(caches: Sequence[Any], layout: KVLayout) -> NamedSharding |
     return None if plan is None else NamedSharding(plan.mesh, plan.staging_spec)
 
 
-def spans_devices(caches: Sequence[Any]) -> bool:
+def spans_devices(caches: Sequence[jax.Array]) -> bool:
     """Some concrete cache lives on more than one device (tracers: unknown, False)."""
     return any(
         isinstance(c, jax.Array)

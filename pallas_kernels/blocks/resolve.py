@@ -20,7 +20,7 @@ from .errors import BackendConfigError, BackendUnavailableError
 from .layout import KVLayout, KVStacking, page_bytes
 
 
-def cache_device(cache: Any) -> jax.Device | None:
+def cache_device(cache: object) -> jax.Device | None:
     """The (first) device a call on ``cache`` runs on: its own for a jax array, jax's
     default device for a host (numpy) array, None for a tracer (unknown until lowering)."""
     if isinstance(cache, jax.core.Tracer):
@@ -30,7 +30,7 @@ def cache_device(cache: Any) -> jax.Device | None:
     return min(cache.sharding.device_set, key=lambda d: d.id)  # type: ignore[attr-defined]
 
 
-def _platform_words(device: Any) -> str:
+def _platform_words(device: jax.Device) -> str:
     platform, capability = device_platform(device)
     if capability is not None:
         platform += f" (compute capability {capability[0]}.{capability[1]})"
@@ -120,7 +120,7 @@ def _interpret(record: Backend, interpret: Any) -> Any:
     return interpret
 
 
-def _is_params_object(value: Any) -> bool:
+def _is_params_object(value: object) -> bool:
     # Any backend's interpreter params: the engine forwards one ``interpret`` to whatever
     # backend ``auto`` picks, and xla/reference ignore it.
     return type(value).__name__ in ("InterpretParams", "InterpretGPUParams")
