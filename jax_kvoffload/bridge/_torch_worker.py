@@ -249,7 +249,11 @@ class TorchKVWorker:
         self.pool = pool
         self._dma = None
         if dma:
-            assert isinstance(pool, HostChunkPool)
+            if not isinstance(pool, HostChunkPool):  # a caller's pool of another kind
+                raise JobSpecError(
+                    f"dma=True needs the worker's own slots (a HostChunkPool), got a "
+                    f"{type(pool).__name__}: drop dma=True or pass no pool"
+                )
             if pinned:  # page-locked once: the copy engine reads and writes it directly
                 self._locked = page_lock(pool)
             self._dma = SlotDMA(self._geo, pool, pinned=pinned, max_staging_bytes=max_staging_bytes)
@@ -390,7 +394,7 @@ class TorchKVWorker:
         is recorded on the caller's current stream now: the job's copies run after the
         engine's work issued so far, and nothing here waits for the device."""
         dma = self._dma
-        assert dma is not None
+        assert dma is not None  # internal: only the copy-engine path submits here
         try:
             devices = {self._geo[m.tensor].device for m in moves}
             ready = {d: submit_event(d) for d in devices}

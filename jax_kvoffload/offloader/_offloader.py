@@ -33,7 +33,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import cast
 
 import jax
-import numpy as np
 
 from jax_kvoffload._interrupts import SingleCaller, deferred_interrupts
 from jax_kvoffload.assembly import engine_pages
@@ -48,12 +47,12 @@ from jax_kvoffload.offloader._checks import (
     OffloaderError,
     as_group_caches,
     assemble,
-    check_block_ids,
     check_flag,
     check_hashes,
     check_timeout,
     not_loadable,
 )
+from jax_kvoffload.offloader._chunking import chunk_hashes, chunks, store_transfer
 from jax_kvoffload.offloader._job_book import JobBook
 from jax_kvoffload.offloader._load_plan import locate_missing, prepare_load
 from jax_kvoffload.offloader._tier_stats import TierPathStats
@@ -258,7 +257,9 @@ class KVOffloader:
             self._check_open()
             g = self._group(group)
             wait = check_flag("wait", wait)
-            keys = [make_offload_key(h, g) for h in self._chunk_hashes(check_hashes(block_hashes))]
+            keys = [
+                make_offload_key(h, g) for h in chunk_hashes(check_hashes(block_hashes), self._bpc)
+            ]
             window = self._groups[g].sliding_window_size_in_chunks
             if self._tiers is not None:
                 n, found = self._tier_lookup(g, keys, window, wait)
@@ -302,7 +303,7 @@ class KVOffloader:
         with self._guard:
             self._check_open()
             g = self._group(group)
-            hashes, ids = self._chunks(block_hashes, block_ids, g)
+            hashes, ids = chunks(block_hashes, block_ids, self._bpc, self._num_blocks[g], g)
             keys = [make_offload_key(h, g) for h in hashes]
             window = self._groups[g].sliding_window_size_in_chunks
             offered = keys if window is None else keys[max(0, len(keys) - window) :]
@@ -332,7 +333,9 @@ class KVOffloader:
         with self._guard:
             self._check_open()
             g = self._group(group)
-            hashes, ids = self._chunks(block_hashes, block_ids, g, unique=True)
+            hashes, ids = chunks(
+                block_hashes, block_ids, self._bpc, self._num_blocks[g], g, unique=True
+            )
             window = self._groups[g].sliding_window_size_in_chunks
             skipped = 0
             if window is not None:
@@ -444,22 +447,6 @@ class KVOffloader:
             raise OffloaderError(f"group {g} is not offloaded; groups are {sorted(self._groups)}")
         return g
 
-    def _chunk_hashes(self, block_hashes: Sequence[bytes]) -> list[bytes]:
-        # A chunk's key is its last block's hash: that hash covers the whole prefix.
-        n = len(block_hashes) // self._bpc
-        return [bytes(block_hashes[(c + 1) * self._bpc - 1]) for c in range(n)]
-
-    def _chunks(
-        self, block_hashes: object, block_ids: object, group: int, unique: bool = False
-    ) -> tuple[list[bytes], list[list[int]]]:
-        block_hashes = check_hashes(block_hashes)
-        ids = check_block_ids(block_ids, len(block_hashes), self._num_blocks[group], group)
-        hashes = self._chunk_hashes(block_hashes)
-        whole = ids[: len(hashes) * self._bpc]
-        if unique and np.unique(whole).size != whole.size:
-            raise OffloaderError(f"group {group}: a load's block ids must be unique")
-        return hashes, whole.reshape(len(hashes), self._bpc).tolist()
-
     # -- internals: jobs ----------------------------------------------------------------
 
     def _start_store(
@@ -472,12 +459,7 @@ class KVOffloader:
                 if out is None or not out.keys_to_store:
                     return None
                 job = self._jobs.record(Direction.STORE, g, list(out.keys_to_store))
-            position: dict[OffloadKey, int] = {}
-            for i, k in enumerate(keys):
-                position.setdefault(k, i)
-            blocks = tuple(b for key in out.keys_to_store for b in ids[position[key]])
-            transfer = GroupTransfer(g, blocks, tuple(out.chunk_ids))
-            self._engine.submit_store(job, [transfer])
+            self._engine.submit_store(job, [store_transfer(g, keys, ids, out)])
         except BaseException:  # on any exit: the caller gets no id, so no job is left
             if job is not None:
                 with deferred_interrupts():
@@ -522,7 +504,7 @@ class KVOffloader:
         tier). Each step that changes the store holds SIGINT; asking the tiers and
         waiting for the promotions are interruptible and change nothing."""
         tiers = self._tiers
-        assert tiers is not None
+        assert tiers is not None  # internal: called only when the offloader has tiers
         with deferred_interrupts():
             tiers.process()
         plan = tiers.plan_lookup(keys, window)  # asks the tiers: bounded calls
