@@ -24,7 +24,7 @@ from jax_kvoffload._threads import start_threads
 from jax_kvoffload.tiers._base import Counters, TierJobResult
 from jax_kvoffload.tiers._errors import TIER_THREADS, TierBufferSizeError
 
-__all__ = ["JobRunner", "Task"]
+__all__ = ["JobRunner", "Task", "byte_runs"]
 
 logger = logging.getLogger(__name__)
 
@@ -266,3 +266,18 @@ class JobRunner:
             job.future.set_exception(job.error)
         else:
             job.future.set_result(result)
+
+
+def byte_runs(sizes: list[int], limit: int) -> list[tuple[int, int]]:
+    """`[start, end)` runs of consecutive items of at most `limit` bytes each (at least
+    one item per run), so one job spreads over a tier's threads and each moves a large
+    batch."""
+    out, start, acc = [], 0, 0
+    for i, n in enumerate(sizes):
+        if i > start and acc + n > limit:
+            out.append((start, i))
+            start, acc = i, 0
+        acc += n
+    if start < len(sizes):
+        out.append((start, len(sizes)))
+    return out

@@ -38,7 +38,7 @@ from jax_kvoffload.tiers._checks import check_items, check_keys
 from jax_kvoffload.tiers._crc import crc32c, warn_if_slow
 from jax_kvoffload.tiers._entry import check_header, encode_header, header_length
 from jax_kvoffload.tiers._errors import TierBufferSizeError, buffer_size_error
-from jax_kvoffload.tiers._job_runner import JobRunner
+from jax_kvoffload.tiers._job_runner import JobRunner, byte_runs
 
 __all__ = ["MooncakeTier", "mooncake_key"]
 
@@ -199,8 +199,8 @@ class MooncakeTier(SecondaryTier):
         self._check_open()
         views = check_items(items, "items", min_bytes=_MIN_KEY_BYTES)
         self._counters.add(stores_submitted=1)
-        tasks = [(a, b, functools.partial(self._store_batch, views[a:b]))
-                 for a, b in self._batches([len(v) for _, v in views])]  # fmt: skip
+        runs = byte_runs([len(v) for _, v in views], self.config.batch_bytes)
+        tasks = [(a, b, functools.partial(self._store_batch, views[a:b])) for a, b in runs]
         nbytes = sum(len(v) for _, v in views)
         return self._runner.submit(
             "store", [k for k, _ in views], tasks, nbytes, accept=self._health.up
@@ -210,8 +210,8 @@ class MooncakeTier(SecondaryTier):
         self._check_open()
         views = check_items(items, "items", writable=True, min_bytes=_MIN_KEY_BYTES)
         self._counters.add(loads_submitted=1)
-        tasks = [(a, b, functools.partial(self._load_batch, views[a:b], a))
-                 for a, b in self._batches([len(v) for _, v in views])]  # fmt: skip
+        runs = byte_runs([len(v) for _, v in views], self.config.batch_bytes)
+        tasks = [(a, b, functools.partial(self._load_batch, views[a:b], a)) for a, b in runs]
         return self._runner.submit("load", [k for k, _ in views], tasks, 0)
 
     def drain(self, timeout: float | None = None) -> bool:
@@ -226,17 +226,6 @@ class MooncakeTier(SecondaryTier):
         self._regions.close()
         self._store.close()
         self._store = None
-
-    def _batches(self, sizes: list[int]) -> list[tuple[int, int]]:
-        out, start, acc = [], 0, 0
-        for i, n in enumerate(sizes):
-            if i > start and acc + n > self.config.batch_bytes:
-                out.append((start, i))
-                start, acc = i, 0
-            acc += n
-        if start < len(sizes):
-            out.append((start, len(sizes)))
-        return out
 
     # ---- I/O, on the runner's threads ----------------------------------------------------
 

@@ -34,7 +34,7 @@ from jax_kvoffload.tiers._base import Buffer, SecondaryTier, TierJobResult
 from jax_kvoffload.tiers._checks import check_items, check_keys
 from jax_kvoffload.tiers._crc import warn_if_slow
 from jax_kvoffload.tiers._errors import buffer_size_error
-from jax_kvoffload.tiers._job_runner import JobRunner, TaskResult
+from jax_kvoffload.tiers._job_runner import JobRunner, TaskResult, byte_runs
 from jax_kvoffload.tiers._redis_cluster import Router
 from jax_kvoffload.tiers._redis_exchange import Exchange
 from jax_kvoffload.tiers._redis_nodes import NodeHealth, NodeLinks
@@ -244,7 +244,7 @@ class RedisTier(SecondaryTier):
         self._counters.add(stores_submitted=1)
         tasks = [
             (a, b, lambda state, a=a, b=b: self._store_batch(state, views[a:b]))
-            for a, b in self._batches([len(v) for _, v in views])
+            for a, b in byte_runs([len(v) for _, v in views], self.config.batch_bytes)
         ]
         nbytes = sum(len(v) for _, v in views)
         return self._runner.submit(
@@ -257,7 +257,7 @@ class RedisTier(SecondaryTier):
         self._counters.add(loads_submitted=1)
         tasks = [
             (a, b, lambda state, a=a, b=b: self._load_batch(state, views[a:b], a))
-            for a, b in self._batches([len(v) for _, v in views])
+            for a, b in byte_runs([len(v) for _, v in views], self.config.batch_bytes)
         ]
         return self._runner.submit("load", [k for k, _ in views], tasks, 0)
 
@@ -270,19 +270,6 @@ class RedisTier(SecondaryTier):
             idle, self._idle = self._idle, []
         for state in idle:
             state.links.close()
-
-    def _batches(self, sizes: list[int]) -> list[tuple[int, int]]:
-        # Runs of keys of at most batch_bytes each (at least one key), so one job spreads
-        # over the connections and each pipelines a large batch.
-        out, start, acc = [], 0, 0
-        for i, n in enumerate(sizes):
-            if i > start and acc + n > self.config.batch_bytes:
-                out.append((start, i))
-                start, acc = i, 0
-            acc += n
-        if start < len(sizes):
-            out.append((start, len(sizes)))
-        return out
 
     # ---- I/O ---------------------------------------------------------------------------
 
