@@ -121,9 +121,11 @@ def compile_case(devices, backend, case):
     return time.perf_counter() - t0
 
 
-def compile_sharded(devices, backend):
+def compile_sharded(devices, backend, blocks=False):
     """Compiles gather and scatter of an NHD cache whose KV heads are sharded over every
     device (the shard-by-shard path: ``shard_map`` around the backend); returns seconds.
+    ``blocks``: the blocks split over a second mesh axis as well (tpu-inference's
+    attention-DP meshes: each device moves only the ids it owns).
 
     Traced through the API's jitted bodies with the plan the API would pick for concrete
     arrays of this sharding (inside an outer ``jax.jit`` the caches are tracers)."""
@@ -131,8 +133,14 @@ def compile_sharded(devices, backend):
     from pallas_kernels.blocks.mesh import LocalPlan
 
     layout, shape, dtype, num_arrays, n = pk.KVLayout.nhd(), (1024, 16, 8, 128), jnp.bfloat16, 4, 64
-    mesh = jax.sharding.Mesh(np.array(devices), ("tp",))
-    plan = LocalPlan(mesh, P(None, None, "tp", None), P(None, None, None, "tp", None))
+    if blocks:
+        grid = np.array(devices).reshape(2, -1)
+        mesh = jax.sharding.Mesh(grid, ("dp", "tp"))
+        cache_spec = P("dp", None, "tp", None)
+        plan = LocalPlan(mesh, cache_spec, P(None, None, None, "tp", None), ("dp",))
+    else:
+        mesh = jax.sharding.Mesh(np.array(devices), ("tp",))
+        plan = LocalPlan(mesh, P(None, None, "tp", None), P(None, None, None, "tp", None))
     kw = {"layout": layout, "backend": backend, "interpret": False}
     kw["config"] = pk.get_backend(backend).config()  # what the API resolves for None
     caches = tuple(
@@ -175,14 +183,16 @@ def main(argv=None) -> int:
                     failed += 1
                     first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
                     print(f"  {backend:11s} {case[0]:20s} FAILED {type(exc).__name__}: {first}")
-            if len(devices) > 1:
+            for blocks in (False, True):
+                if len(devices) < (4 if blocks else 2):
+                    continue
+                name = f"{'blocks+heads' if blocks else 'sharded'} over {len(devices)}"
                 try:
-                    secs = compile_sharded(devices, backend)
-                    name = f"sharded over {len(devices)}"
+                    secs = compile_sharded(devices, backend, blocks)
                     print(f"  {backend:11s} {name:20s} COMPILED {secs:5.1f}s")
                 except Exception as exc:
                     failed += 1
-                    print(f"  {backend:11s} sharded FAILED {type(exc).__name__}: {str(exc)[:200]}")
+                    print(f"  {backend:11s} {name} FAILED {type(exc).__name__}: {str(exc)[:200]}")
     return 1 if failed else 0
 
 

@@ -22,6 +22,7 @@ from .checks import check_block_ids, check_caches, check_staging
 from .layout import (
     KVLayout,
     as_bits,
+    as_dtype,
     bitcast_last,
     fenced,
     from_words,
@@ -53,10 +54,21 @@ def _staging_shape(caches: Sequence[Any], n: int, layout: KVLayout) -> tuple[int
 def _gather(caches, block_ids, zero, *, layout, backend, config, interpret, local):
     if local is None:
         return _gather_body(caches, block_ids, zero, layout, backend, config, interpret)
-    body = functools.partial(
-        _gather_body, layout=layout, backend=backend, config=config, interpret=interpret
-    )
+    kw = {"layout": layout, "backend": backend, "config": config, "interpret": interpret}
+    if local.block_axes:
+        body = functools.partial(_gather_owned, plan=local, **kw)
+    else:
+        body = functools.partial(_gather_body, **kw)
     return local.run(body, len(caches), with_staging=False)(tuple(caches), block_ids, zero)
+
+
+def _gather_owned(caches, block_ids, zero, layout, backend, config, interpret, plan):
+    """One device of a mesh that splits the blocks (``mesh.LocalPlan``): the rows of the
+    ids it owns, combined with the other devices' over the block axes."""
+    local, owned = plan.owned_ids(block_ids, layout.num_blocks(caches[0].shape))
+    ids = jnp.where(owned, local, 0)
+    staging = _gather_body(caches, ids, zero, layout, backend, config, interpret)
+    return plan.combine_rows(staging, owned)
 
 
 def _gather_body(caches, block_ids, zero, layout, backend, config, interpret):
@@ -81,9 +93,13 @@ def _scatter_impl(
     caches, block_ids, staging, zero, *, layout, backend, config, interpret, shardings, local
 ):
     if local is not None:  # each device writes its own shard; shardings are kept
+        write = _scatter_owned if local.block_axes else _scatter_body
+        kw = {"layout": layout, "backend": backend, "config": config, "interpret": interpret}
+        if local.block_axes:
+            kw["plan"] = local
 
         def body(cs, ids, z, st):
-            return tuple(_scatter_body(cs, ids, st, z, layout, backend, config, interpret))
+            return tuple(write(cs, ids, st, z, **kw))
 
         run = local.run(body, len(caches), with_staging=True)
         return list(run(tuple(caches), block_ids, zero, staging))
@@ -117,6 +133,24 @@ def _scatter_body(caches, block_ids, staging, zero, layout, backend, config, int
             words, block_ids, staged, config=config, interpret=interpret
         )
     return [from_words(o, c.shape, c.dtype) for o, c in zip(out, caches, strict=True)]
+
+
+def _scatter_owned(caches, block_ids, staging, zero, layout, backend, config, interpret, plan):
+    """One device of a mesh that splits the blocks (``mesh.LocalPlan``): writes the rows
+    of the ids it owns. An entry it does not own rewrites the first owned entry's page
+    with that entry's row, or, when it owns none, its block 0 with the bytes block 0
+    holds: every id the kernel sees is in the shard, and no page changes but its own."""
+    local, owned = plan.owned_ids(block_ids, layout.num_blocks(caches[0].shape))
+    first = jnp.argmax(owned)  # the first owned entry (0 when none is)
+    some = owned[first]
+    zero_id = jnp.zeros((1,), block_ids.dtype)
+    unchanged = as_bits(_gather_body(caches, zero_id, zero, layout, backend, config, interpret))
+    bits = as_bits(staging)
+    spare = jnp.where(some, bits[first][None], unchanged)
+    ids = jnp.where(owned, local, jnp.where(some, local[first], 0))
+    rows = jnp.where(owned.reshape(-1, *(1,) * (bits.ndim - 1)), bits, spare)
+    rows = as_dtype(rows, staging.dtype)
+    return _scatter_body(caches, ids, rows, zero, layout, backend, config, interpret)
 
 
 _STATIC = ("layout", "backend", "config", "interpret", "shardings", "local")
@@ -163,8 +197,10 @@ def gather_blocks(
     Returns:
       ``[n, len(caches), *page_shape]`` in the caches' dtype, block-major: entry i holds
       every array's page of ``block_ids[i]`` back to back. For caches sharded over a
-      mesh along page axes (not the block axis), each device gathers its own shard and
-      the staging is sharded the same way (``staging_sharding``).
+      mesh along page axes, each device gathers its own shard and the staging is
+      sharded the same way (``staging_sharding``); with the block axis split too, each
+      device gathers the blocks it holds and the staging is whole along the mesh axes
+      that split the blocks.
     """
     caches = check_caches(caches, layout)
     nb = layout.num_blocks(tuple(caches[0].shape))

@@ -280,6 +280,11 @@ def _as(x: jax.Array, dtype: np.dtype) -> jax.Array:
     return x if np.dtype(x.dtype) == np.dtype(dtype) else jax.lax.bitcast_convert_type(x, dtype)
 
 
+def as_dtype(x: jax.Array, dtype: np.dtype) -> jax.Array:
+    """``x`` bitcast to ``dtype`` of the same width (no op when it already is)."""
+    return _as(x, dtype)
+
+
 def is_integer(dtype: np.dtype) -> bool:
     return np.dtype(dtype).kind in "ui"
 

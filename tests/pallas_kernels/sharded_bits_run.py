@@ -69,14 +69,23 @@ def draw(rng: np.random.Generator, backend: str) -> dict:
     shape_m, names = MESHES[int(rng.integers(len(MESHES)))]
     size = {n: s for n, s in zip(names, shape_m, strict=True)}
     mesh = Mesh(np.array(jax.devices()[: int(np.prod(shape_m))]).reshape(shape_m), names)
-    where = str(rng.choice(("heads", "heads", "blocks", "replicated")))
+    # "both": blocks over data, heads over model (tpu-inference's attention-DP meshes);
+    # "blocks2": blocks over (data, model) together, a two-axis split of one axis.
+    kinds = ("heads", "heads", "blocks", "replicated")
+    if "data" in size:
+        kinds += ("both", "blocks2")
+    where = str(rng.choice(kinds))
+    if ALL[layout].block_axis and where in ("both", "blocks2"):
+        where = "blocks"  # FIRST stacking: the K/V axis before the blocks stays whole
     s_model = size["model"]
     nb = int(rng.integers(1, 4 if interp else 6))
     bs = int(rng.choice((1, 2, 4) if interp else (1, 2, 3, 16)))
     h = s_model * int(rng.choice((1, 2)))
     d = int(rng.choice((1, 2, 8)))
-    if where == "blocks":
+    if where in ("blocks", "both"):
         nb = size.get("data", s_model) * max(1, nb // 2)
+    elif where == "blocks2":
+        nb = size["data"] * s_model * max(1, nb // 2)
     shape = _shape(layout, nb, bs, h, d, dtype)
     spec: list = [None] * len(shape)
     block_axis = ALL[layout].block_axis
@@ -86,6 +95,10 @@ def draw(rng: np.random.Generator, backend: str) -> dict:
             spec[block_axis] = "data"  # tpu-inference's P("data", None, "model")
     elif where == "blocks":
         spec[block_axis] = "data" if "data" in size else "model"
+    elif where == "both":
+        spec[block_axis], spec[HEAD_AXIS[layout]] = "data", "model"
+    elif where == "blocks2":
+        spec[block_axis] = ("data", "model")
     num = int(rng.choice((2, 4) if layout == "nhd_separate" else (1, 2, 3)))
     return {
         "layout": layout,
@@ -98,8 +111,18 @@ def draw(rng: np.random.Generator, backend: str) -> dict:
         "scatter": rng.permutation(nb)[: int(rng.integers(1, nb + 1))].astype(np.int32),
         "backend": backend,
         "host_staging": bool(rng.integers(2)),
-        "per_device": where == "heads" and s_model > 1,  # must take the shard_map path
+        # Split over several devices: must take the shard_map path (no resharding).
+        "per_device": _split_over(spec, size) > 1,
     }
+
+
+def _split_over(spec: list, size: dict) -> int:
+    """How many distinct pieces the spec cuts an array into."""
+    pieces = 1
+    for entry in spec:
+        for name in () if entry is None else entry if isinstance(entry, tuple) else (entry,):
+            pieces *= size[name]
+    return pieces
 
 
 def describe(c: dict) -> str:
@@ -130,8 +153,13 @@ def check(c: dict, rng: np.random.Generator) -> str | None:
         i = bad[0]
         return f"gather changed {len(bad)} elements, first {want.flat[i]:#x} -> {got.flat[i]:#x}"
     caches = put()
-    if c.get("per_device") and pk.staging_sharding(caches, layout) is None:
-        return "heads sharded over several devices took the global path (resharding)"
+    if c.get("per_device"):
+        where = pk.staging_sharding(caches, layout)
+        if where is None:
+            return "a cache split over several devices took the global path (resharding)"
+        compiled = c["backend"] in ("xla", "reference")
+        if compiled and not staged.sharding.is_equivalent_to(where, staged.ndim):
+            return f"gather's staging came back {staged.sharding}, not {where}"
     update = random_bits(rng, (len(c["scatter"]), len(caches), *want.shape[2:]), c["dtype"])
     if c.get("special_update"):  # -0.0 and NaN payloads only
         update = np.resize(c["caches"][0][::-1], update.shape)
@@ -163,6 +191,7 @@ def hazard_cases(backend: str) -> list[dict]:
             (P(None, None, "model", None), (("model",), (4,))),
             (P("data", None, "model", None), (("data", "model"), (1, 4))),
             (P("model"), (("model",), (4,))),
+            (P("data", None, "model", None), (("data", "model"), (2, 2))),  # attention DP
         ):
             mesh = Mesh(np.array(jax.devices()[:4]).reshape(sizes), names)
             shape = (4, 2, 4, 2)

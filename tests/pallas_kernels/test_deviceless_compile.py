@@ -56,3 +56,15 @@ def test_kernels_compile_per_device_on_a_sharded_mesh(devices, platform, backend
     if len(devs) < 2:
         pytest.skip(f"the {platform} compile topology has one device")
     assert dc.compile_sharded(devs, backend) > 0
+
+
+@pytest.mark.parametrize(
+    ("platform", "backend"), SHARDED, ids=[f"{p}-{b}-blocks-and-heads" for p, b in SHARDED]
+)
+def test_kernels_compile_per_device_with_blocks_split(devices, platform, backend):
+    # Blocks over one mesh axis, heads over the other (tpu-inference's attention-DP meshes):
+    # each device moves the ids it owns, the rows are combined with a psum.
+    devs = devices(platform)
+    if len(devs) < 4:
+        pytest.skip(f"the {platform} compile topology has {len(devs)} devices (needs 4)")
+    assert dc.compile_sharded(devs, backend, blocks=True) > 0

@@ -36,10 +36,13 @@ SCRIPT = textwrap.dedent(
     got = pk.gather_blocks(arrays, np.array([2, 5], np.int32), layout=gc.layout, backend="xla")
     assert got.sharding.is_equivalent_to(staging, 5), got.sharding
     np.testing.assert_array_equal(np.asarray(got[:, 1]).view(np.uint16), before[1][[2, 5]])
-    # Sharded along the block axis instead: the global path, same bytes.
+    # Sharded along the block axis instead: each device gathers the blocks it owns, and
+    # the staging comes out whole on every device (its page axes are not split).
     by_block = [jax.device_put(a, NamedSharding(mesh, P("tp"))) for a in arrays]
-    assert pk.staging_sharding(by_block, gc.layout) is None
+    whole = pk.staging_sharding(by_block, gc.layout)
+    assert whole is not None and whole.is_fully_replicated, whole
     got = pk.gather_blocks(by_block, np.array([2, 5], np.int32), layout=gc.layout, backend="xla")
+    assert got.sharding.is_equivalent_to(whole, 5), got.sharding
     np.testing.assert_array_equal(np.asarray(got[:, 0]).view(np.uint16), before[0][[2, 5]])
     # FIRST stacking ([2, blocks, ...]) sharded along its K/V axis: the global path too.
     first = pk.KVLayout.nhd(pk.KVStacking.FIRST)
