@@ -24,14 +24,18 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
+import numpy.typing as npt
 
 from jax_kvoffload.bridge._job_plan import TensorMove
 from jax_kvoffload.bridge._tensor_bytes import TensorBytes
 from jax_kvoffload.bridge._torch_streams import CopyEvent, CopyStream
 from jax_kvoffload.hostmem import HostChunkPool
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["SlotDMA", "page_lock", "page_unlock", "slot_runs"]
 
@@ -85,7 +89,7 @@ def page_unlock(addresses: list[int]) -> None:
         cudart.cudaHostUnregister(address)
 
 
-def slot_runs(slots: np.ndarray) -> list[tuple[int, int, int]]:
+def slot_runs(slots: npt.NDArray[np.integer]) -> list[tuple[int, int, int]]:
     """`(a, b, s0)`: staging rows `[a, b)` are slots `[s0, s0 + b - a)` (maximal runs of
     consecutive slots)."""
     if slots.size == 0:
@@ -96,7 +100,7 @@ def slot_runs(slots: np.ndarray) -> list[tuple[int, int, int]]:
     return [(int(a), int(b), int(slots[a])) for a, b in zip(starts, ends, strict=True)]
 
 
-def _widest(width: int, *views: Any) -> Any:
+def _widest(width: int, *views: torch.Tensor) -> torch.dtype:
     """The widest integer dtype whose items tile `width` and every view's rows (the
     gather and the copies then move 8-byte words instead of bytes)."""
     import torch
@@ -143,21 +147,21 @@ class SlotDMA:
         n = len(m.block_ids)
         return [(a, min(n, a + per)) for a in range(0, n, per)]
 
-    def _ids(self, m: TensorMove, a: int, b: int, device: Any) -> Any:
+    def _ids(self, m: TensorMove, a: int, b: int, device: torch.device) -> torch.Tensor:
         ids = self._torch.as_tensor(np.asarray(m.block_ids[a:b], dtype=np.int64))
         if device.type == "cpu":
             return ids
         # From pinned memory: an asynchronous copy (pageable would wait for the stream).
         return (ids.pin_memory() if self._pinned else ids).to(device, non_blocking=True)
 
-    def _host(self, n: int, width: int) -> Any:
+    def _host(self, n: int, width: int) -> torch.Tensor:
         return self._torch.empty((n, width), dtype=self._torch.uint8, pin_memory=self._pinned)
 
     def store(
         self,
         moves: Sequence[TensorMove],
-        streams: Mapping[Any, CopyStream],
-        ready: Mapping[Any, CopyEvent | None],
+        streams: Mapping[torch.device, CopyStream],
+        ready: Mapping[torch.device, CopyEvent | None],
     ) -> None:
         """Issues a store's gathers and D2H copies, waits for them (worker thread)."""
         narrow = []  # (move, first slot, host staging): written by the CPU once landed
@@ -190,8 +194,8 @@ class SlotDMA:
     def load(
         self,
         moves: Sequence[TensorMove],
-        streams: Mapping[Any, CopyStream],
-        ready: Mapping[Any, CopyEvent | None],
+        streams: Mapping[torch.device, CopyStream],
+        ready: Mapping[torch.device, CopyEvent | None],
     ) -> None:
         """Issues a load's H2D copies and scatters, waits for them (worker thread).
         Every slot is read before any device byte is written: a failed read or copy

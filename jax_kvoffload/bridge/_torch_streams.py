@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Any, Protocol, cast
+from typing import TYPE_CHECKING, Protocol, cast
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["CopyStream", "DoneEvent", "SyncStream", "copy_stream", "submit_event"]
 
@@ -29,7 +32,7 @@ class CopyEvent(Protocol):
 class CopyStream(Protocol):
     """What the worker asks of a copy stream."""
 
-    def issue(self) -> contextlib.AbstractContextManager[Any]: ...
+    def issue(self) -> contextlib.AbstractContextManager[torch.cuda.Stream | None]: ...
 
     def wait(self, event: CopyEvent | None) -> None: ...
 
@@ -51,7 +54,7 @@ class DoneEvent:
 class SyncStream:
     """The stand-in stream: every copy issued on it is done when issued."""
 
-    def issue(self) -> contextlib.AbstractContextManager[Any]:
+    def issue(self) -> contextlib.AbstractContextManager[None]:
         return contextlib.nullcontext()
 
     def wait(self, event: CopyEvent | None) -> None:
@@ -65,21 +68,21 @@ class SyncStream:
 class CudaStream:
     """A CUDA stream of the worker's own, on the tensors' device."""
 
-    def __init__(self, device: Any) -> None:
+    def __init__(self, device: torch.device) -> None:
         import torch
 
         self._torch = torch
         self.stream = torch.cuda.Stream(device=device)
 
     @contextlib.contextmanager
-    def issue(self) -> Iterator[Any]:
+    def issue(self) -> Iterator[torch.cuda.Stream]:
         """Makes the stream current: copies and allocations inside go on it."""
         with self._torch.cuda.stream(self.stream):
             yield self.stream
 
     def wait(self, event: CopyEvent | None) -> None:
         if event is not None:
-            self.stream.wait_event(cast(Any, event))  # a torch.cuda.Event (`record`)
+            self.stream.wait_event(cast("torch.cuda.Event", event))  # made by `record`
 
     def record(self) -> CopyEvent:
         event = self._torch.cuda.Event()
@@ -87,14 +90,14 @@ class CudaStream:
         return event
 
 
-def copy_stream(device: Any) -> CopyStream:
+def copy_stream(device: torch.device) -> CopyStream:
     """A copy stream for `device`: its own CUDA stream, or the stand-in."""
     if device.type == "cuda":
         return CudaStream(device)
     return SyncStream()
 
 
-def submit_event(device: Any) -> CopyEvent | None:
+def submit_event(device: torch.device) -> CopyEvent | None:
     """Recorded on the caller's current stream at submit: the copies of the job wait
     for it. None on CPU (torch ops there are synchronous); a non-CUDA accelerator is
     synchronized instead (untested on hardware)."""

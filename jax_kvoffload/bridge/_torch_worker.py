@@ -37,11 +37,12 @@ from __future__ import annotations
 import logging
 import mmap
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import numpy as np
+import numpy.typing as npt
 
 import pallas_kernels as pk
 from jax_kvoffload.bridge._job_plan import JobSpecError, TensorMove, int_ids, plan_job
@@ -55,12 +56,33 @@ from jax_kvoffload.stats import TransferTally, TransferTotals
 from jax_kvoffload.transfer import Direction, bucket_sizes
 from jax_kvoffload.transfer.internals import EngineJob, JobCore, JobError, bucket_for, to_host
 
+if TYPE_CHECKING:
+    from typing import TypeAlias
+
+    import jax
+    import torch
+
+    # A store's blocks on their way to the slots: `(move, first slot, blocks, host
+    # staging)`, the staging a D2H copy under way or a numpy gather still to run.
+    _Staged: TypeAlias = tuple[
+        TensorMove, int, int, jax.Array | Callable[[], npt.NDArray[np.uint8]]
+    ]
+
 __all__ = ["Finished", "TorchKVWorker", "WorkerClosedError", "host_widths"]
 
 logger = logging.getLogger(__name__)
 
 # vLLM's three handlers: one lane (worker thread, FIFO completion) each.
 _LANES = {"store": Direction.STORE, "load": Direction.LOAD, "expedited": Direction.LOAD}
+
+
+class BlockSpec(Protocol):
+    """A job's side as vLLM describes it (`GPULoadStoreSpec`, `CPULoadStoreSpec`): the
+    block (or chunk) ids; a device side may add `group_sizes` and `block_indices`,
+    read with `getattr`."""
+
+    @property
+    def block_ids(self) -> npt.ArrayLike: ...
 
 
 class WorkerClosedError(KVOffloadStateError):
@@ -77,7 +99,7 @@ class Finished:
     transfer_time: float
 
 
-def _sync_device(device: Any) -> None:
+def _sync_device(device: torch.device) -> None:
     """Orders our reads after the engine's pending writes to an accelerator tensor.
 
     On CPU torch ops are synchronous. On an accelerator our JAX work runs on JAX's own
@@ -88,7 +110,7 @@ def _sync_device(device: Any) -> None:
         torch.accelerator.synchronize(device)
 
 
-def _slot_memory(num_chunks: int, widths: dict[int, int], bpc: int) -> np.ndarray:
+def _slot_memory(num_chunks: int, widths: dict[int, int], bpc: int) -> npt.NDArray[np.uint8]:
     """The host slots of the copy-engine path on CUDA: one anonymous mapping of exactly
     the pool's bytes (zeroed, page-aligned), page-locked once by `page_lock`. Not
     `torch.empty(..., pin_memory=True)`: torch's caching host allocator rounds a pinned
@@ -110,7 +132,7 @@ def host_widths(group_refs: Sequence[Sequence[tuple[int, int]]]) -> dict[int, in
     return dict(sorted(out.items()))
 
 
-def _pair(name: str, index: int, value: Any) -> tuple[Any, Any]:
+def _pair(name: str, index: int, value: object) -> tuple[object, object]:
     if not isinstance(value, (tuple, list)) or len(value) != 2:
         raise KVOffloadTypeError(
             f"{name}[{index}] must be a pair (tensors: (tensor, page_size_bytes); refs: "
@@ -119,7 +141,7 @@ def _pair(name: str, index: int, value: Any) -> tuple[Any, Any]:
     return value[0], value[1]
 
 
-def _check_int(name: str, value: Any, minimum: int) -> int:
+def _check_int(name: str, value: object, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise KVOffloadTypeError(f"{name} must be an int, got {value!r}")
     if value < minimum:
@@ -164,20 +186,20 @@ class TorchKVWorker:
 
     def __init__(
         self,
-        tensors: Sequence[tuple[Any, int]],
+        tensors: Sequence[tuple[torch.Tensor, int]],
         group_refs: Sequence[Sequence[tuple[int, int]]],
         *,
         blocks_per_chunk: int,
         num_chunks: int,
-        result_type: Any = Finished,
+        result_type: Callable[[int, bool, int, float], Any] = Finished,
         backend: str = "auto",
         max_bucket: int = 256,
         max_staging_bytes: int = 64 << 20,
         store_kernel: bool | None = None,
         dma: bool | None = None,
         pool: HostPool | None = None,
-        on_shutdown: Any = None,
-        not_ready: Any = None,
+        on_shutdown: Callable[[], object] | None = None,
+        not_ready: Callable[[], str | None] | None = None,
     ) -> None:
         self._bpc = _check_int("blocks_per_chunk", blocks_per_chunk, 1)
         num_chunks = _check_int("num_chunks", num_chunks, 0)
@@ -194,15 +216,18 @@ class TorchKVWorker:
             TensorBytes.of(*_pair("tensors", i, pair), name=f"tensors[{i}]")
             for i, pair in enumerate(tensors)
         ]
-        self._group_refs = [
+        pairs = [
             [_pair(f"group_refs[{g}]", i, ref) for i, ref in enumerate(refs)]
             for g, refs in enumerate(group_refs)
         ]
+        self._group_refs: list[list[tuple[int, int]]] = []
         ref_widths: dict[int, set[int]] = {}
-        for g, refs in enumerate(self._group_refs):
-            for idx, unpadded in refs:
-                _check_int(f"group {g} ref tensor_idx", idx, 0)
-                _check_int(f"group {g} ref page_size_bytes", unpadded, 0)
+        for g, refs in enumerate(pairs):
+            checked = []
+            for raw_idx, raw_unpadded in refs:
+                idx = _check_int(f"group {g} ref tensor_idx", raw_idx, 0)
+                unpadded = _check_int(f"group {g} ref page_size_bytes", raw_unpadded, 0)
+                checked.append((idx, unpadded))
                 if idx >= len(self._geo) or unpadded > self._geo[idx].page:
                     raise JobSpecError(
                         f"group {g}: a ref to tensor {idx} of {unpadded} bytes; refs must "
@@ -210,6 +235,7 @@ class TorchKVWorker:
                     )
                 if unpadded:
                     ref_widths.setdefault(idx, set()).add(unpadded)
+            self._group_refs.append(checked)
         self.widths = host_widths(self._group_refs)
         for t, width in self.widths.items():
             self._geo[t].check_width(width, f"tensor {t}")
@@ -271,12 +297,18 @@ class TorchKVWorker:
         self._buckets = (max_bucket, max_staging_bytes)
         self._on_shutdown = on_shutdown
         self._not_ready = not_ready
+        # Results are the caller's `result_type` (vLLM's TransferResult in the plug-in),
+        # hence Any: vLLM's abstract worker types `get_finished` as list[TransferResult].
         self._ready: list[Any] = []  # refused jobs' results (never queued)
         self._shut_down = False  # every job ended, on_shutdown called
         self._tally = TransferTally()
         self._core: JobCore[Any] = JobCore(_LANES, self._result, fifo=True, tally=self._tally)
 
     # -- vLLM OffloadingWorker API -------------------------------------------------
+
+    # The specs are vLLM's (`GPULoadStoreSpec`, `CPULoadStoreSpec`), read as `BlockSpec`s;
+    # Any because vLLM's abstract worker types a side as `LoadStoreSpec`, which has no
+    # `block_ids`, and `JaxOffloadingWorker` must stay compatible with it.
 
     def submit_store(self, job_id: int, src_spec: Any, dst_spec: Any) -> bool:
         """Device blocks (`src_spec`: ids, group_sizes, block_indices) -> host chunks."""
@@ -353,7 +385,7 @@ class TorchKVWorker:
     # -- internals ------------------------------------------------------------------
 
     def _plan(
-        self, job_id: int, device_spec: Any, host_spec: Any, *, load: bool
+        self, job_id: int, device_spec: BlockSpec, host_spec: BlockSpec, *, load: bool
     ) -> tuple[list[TensorMove], int]:
         """The job's moves, checked: ids in range, a load writing each block once."""
         if self._core.closing:
@@ -418,7 +450,7 @@ class TorchKVWorker:
         self._tally.record(store, False, size, 0.0)
         return True
 
-    def _gather(self, m: TensorMove) -> list[tuple[TensorMove, int, int, Any]]:
+    def _gather(self, m: TensorMove) -> list[_Staged]:
         """The blocks of one move on their way to host memory, in power-of-two buckets:
         `[(move, first slot, blocks, host staging or a numpy gather to run)]`."""
         units = self._units.get(m.tensor)
@@ -429,7 +461,8 @@ class TorchKVWorker:
         rows = units.rows_of(np.asarray(m.block_ids), m.width)
         k = m.width // units.unit
         on_cpu = next(iter(units.array.devices())).platform == "cpu"
-        out, start = [], 0
+        out: list[_Staged] = []
+        start = 0
         for n in bucket_sizes(len(m.block_ids), bucket_for(m.width, *self._buckets)):
             ids = rows[start * k : (start + n) * k]
             staging = pk.gather_blocks(
@@ -439,7 +472,7 @@ class TorchKVWorker:
             start += n
         return out
 
-    def _write(self, staged: list[tuple[TensorMove, int, int, Any]]) -> None:
+    def _write(self, staged: list[_Staged]) -> None:
         for m, first, n, host in staged:
             data = host() if callable(host) else np.asarray(host)  # waits for the D2H copy
             self.pool.write_blocks(m.tensor, list(m.chunk_ids), first, data.reshape(n, m.width))

@@ -16,7 +16,7 @@ point. Neither vLLM nor torch is imported: objects with the attributes named bel
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jax_kvoffload.config import (
     CacheConfig,
@@ -53,6 +53,10 @@ from jax_kvoffload.config import (
 )
 from jax_kvoffload.config.internals import FrozenDict, as_dtype, from_trusted_fields
 
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.v1.kv_cache_interface import KVCacheConfig as VllmKVCacheConfig
+
 # vLLM class name -> ours. Names, not classes, so that vLLM need not be importable.
 _SPEC_CLASSES: dict[str, type[KVCacheSpec]] = {
     cls.__name__: cls
@@ -81,11 +85,11 @@ def _dtype_name(value: object) -> str:
     return str(value).removeprefix("torch.")
 
 
-def _enum_value(value: object) -> Any:
+def _enum_value(value: object) -> object:
     return getattr(value, "value", value)
 
 
-def _our_spec_class(spec: Any) -> type[KVCacheSpec]:
+def _our_spec_class(spec: object) -> type[KVCacheSpec]:
     for cls in type(spec).__mro__:
         ours = _SPEC_CLASSES.get(cls.__name__)
         if ours is None:
@@ -102,10 +106,10 @@ def _our_spec_class(spec: Any) -> type[KVCacheSpec]:
     )
 
 
-def convert_spec(spec: Any) -> KVCacheSpec:
+def convert_spec(spec: object) -> KVCacheSpec:
     """One vLLM KV cache spec (or an object with its fields) as ours, values as they are."""
     cls = _our_spec_class(spec)
-    kwargs: dict[str, Any] = {}
+    kwargs: dict[str, Any] = {}  # each field's value, of its own type
     for field in dataclasses.fields(cls):
         if not hasattr(spec, field.name):
             continue
@@ -143,7 +147,7 @@ def _default(cls: type, name: str) -> object:
     return dataclasses.MISSING
 
 
-def convert_kv_cache_config(kv_cache_config: Any) -> KVCacheConfig:
+def convert_kv_cache_config(kv_cache_config: VllmKVCacheConfig) -> KVCacheConfig:
     """vLLM's `KVCacheConfig` (tensors, groups, specs) as ours, without re-validating it."""
     tensors = tuple(
         from_trusted_fields(
@@ -186,7 +190,7 @@ def _backend_name(backend: object) -> str | None:
     return f"class:{getattr(backend, '__qualname__', type(backend).__name__)}"
 
 
-def convert_engine_config(vllm_config: Any) -> EngineConfig:
+def convert_engine_config(vllm_config: VllmConfig) -> EngineConfig:
     """The parts of a `VllmConfig` the translation reads, as our (validated) `EngineConfig`.
 
     Unlike `offloading_config_from_vllm`, this reads every attribute up front, so it
@@ -245,7 +249,9 @@ def convert_engine_config(vllm_config: Any) -> EngineConfig:
     )
 
 
-def offloading_config_from_vllm(vllm_config: Any, kv_cache_config: Any) -> OffloadingConfig:
+def offloading_config_from_vllm(
+    vllm_config: VllmConfig, kv_cache_config: VllmKVCacheConfig
+) -> OffloadingConfig:
     """vLLM 0.33.0's objects in, our `OffloadingConfig` out (equal to vLLM's own result).
 
     Args:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Collection, Iterator
-from typing import Any
+from typing import TYPE_CHECKING
 
 from jax_kvoffload.bridge._vllm_metrics import CounterDeltas
 from jax_kvoffload.stats import OffloadStats, store_side
@@ -33,6 +33,24 @@ from jax_kvoffload.store import (
     add_policy_resolver,
 )
 from jax_kvoffload.store.internals import register_plain_context
+
+if TYPE_CHECKING:
+    from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import (
+        OffloadingConnectorStats as ConnectorStats,
+    )
+    from vllm.v1.kv_offload.base import (
+        ConfigInfoMapping,
+        LoadStoreSpec,
+        LookupResult,
+        OffloadingEvent,
+        OffloadKey,
+        PrepareStoreOutput,
+        ReqContext,
+        RequestOffloadingContext,
+    )
+    from vllm.v1.metrics.cache_hit_source import CacheHitSource as HitSource
+
+    from jax_kvoffload.store import OffloadKey as OurOffloadKey
 
 __all__ = ["build_manager_class", "install_vllm_types"]
 
@@ -109,7 +127,9 @@ def build_manager_class() -> type:
     cpu = base.Medium.CPU
     output_cls, event_cls = base.PrepareStoreOutput, base.OffloadingEvent
 
-    def make_event(keys: tuple, removed: bool, metadata_only: bool) -> Any:
+    def make_event(
+        keys: tuple[OurOffloadKey, ...], removed: bool, metadata_only: bool
+    ) -> OffloadingEvent:
         # The store builds vLLM's events directly when they are taken (no second copy).
         return event_cls(list(keys), cpu, removed, metadata_only=metadata_only)
 
@@ -133,7 +153,10 @@ def build_manager_class() -> type:
         """
 
         def __init__(
-            self, store: HostStore, config_info: Any = None, tokens_per_chunk: int | None = None
+            self,
+            store: HostStore,
+            config_info: ConfigInfoMapping | None = None,
+            tokens_per_chunk: int | None = None,
         ) -> None:
             self.store = store
             # Public in vLLM's CPUOffloadingManager (its events carry it; vLLM's tiers
@@ -153,22 +176,30 @@ def build_manager_class() -> type:
             self.on_request_finished = store.on_request_finished
             self.reset_cache = store.reset_cache
 
-        def lookup(self, key: Any, req_context: Any) -> Any:  # replaced per instance
+        # replaced per instance
+        def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
             return self.store.lookup_function(miss, hit, hit_pending)(key, req_context)
 
-        def get_load_source(self, key: Any, req_context: Any) -> Any:
+        def get_load_source(self, key: OffloadKey, req_context: ReqContext) -> HitSource:
             return host
 
-        def prepare_load(self, keys: Collection[Any], req_context: Any) -> Any:
+        def prepare_load(
+            self, keys: Collection[OffloadKey], req_context: ReqContext
+        ) -> LoadStoreSpec:
             return CPULoadStoreSpec(self._prepare_load(keys, req_context))
 
-        def touch(self, keys: Collection[Any], req_context: Any) -> None:  # replaced
+        # replaced per instance
+        def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
             self.store.touch(keys, req_context)
 
-        def complete_load(self, keys: Collection[Any], req_context: Any) -> None:  # replaced
+        def complete_load(
+            self, keys: Collection[OffloadKey], req_context: ReqContext
+        ) -> None:  # replaced per instance
             self.store.complete_load(keys, req_context)
 
-        def prepare_store(self, keys: Collection[Any], req_context: Any) -> Any:
+        def prepare_store(
+            self, keys: Collection[OffloadKey], req_context: ReqContext
+        ) -> PrepareStoreOutput | None:
             out = self._prepare_store(keys, req_context)
             if out is None:
                 return None
@@ -179,25 +210,25 @@ def build_manager_class() -> type:
             )
 
         def complete_store(
-            self, keys: Collection[Any], req_context: Any, success: bool = True
+            self, keys: Collection[OffloadKey], req_context: ReqContext, success: bool = True
         ) -> None:
             self.store.complete_store(keys, success, req_context)
 
-        def on_new_request(self, req_context: Any) -> Any:
+        def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
             self.store.on_new_request(req_context)
             return base.RequestOffloadingContext()
 
-        def on_request_finished(self, req_context: Any) -> None:  # replaced per instance
+        def on_request_finished(self, req_context: ReqContext) -> None:  # replaced per instance
             self.store.on_request_finished(req_context)
 
-        def take_events(self) -> Iterator[Any]:
+        def take_events(self) -> Iterator[OffloadingEvent]:
             # A generator, as vLLM's: the events are detached at the first next().
             yield from self.store.take_events(make_event)
 
         def reset_cache(self) -> None:  # replaced per instance
             self.store.reset_cache()
 
-        def get_stats(self) -> Any:
+        def get_stats(self) -> ConnectorStats:
             s = self.store.get_stats()
             stats = OffloadingConnectorStats()
             stats.set_gauge(usage, s.cpu_cache_usage_perc)
@@ -217,7 +248,7 @@ def build_manager_class() -> type:
             hits = self.store.counters().lookup_hits
             return OffloadStats(**store_side(self.store, None if tpc is None else hits * tpc))
 
-        def config_info(self) -> list[Any]:
+        def config_info(self) -> list[ConfigInfoMapping]:
             return [self._config_info]
 
     return JaxOffloadingManager

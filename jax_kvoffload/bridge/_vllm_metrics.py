@@ -17,12 +17,18 @@ stores and evictions went. Counters are sent as increments since the previous
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from jax_kvoffload.config import OffloadingConfig
 from jax_kvoffload.stats import OffloadStats
 
 if TYPE_CHECKING:
+    from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import (
+        OffloadingConnectorStats,
+    )
+    from vllm.v1.kv_offload.base import OffloadingMetricMetadata
+
+    from jax_kvoffload.stats import TransferTotals
     from jax_kvoffload.store import StoreStats
 
 __all__ = [
@@ -54,14 +60,14 @@ _COUNTERS = (
 )
 
 
-def metric_definitions(extra_config: dict[str, Any]) -> dict[str, Any]:
+def metric_definitions(extra_config: dict[str, Any]) -> dict[str, OffloadingMetricMetadata]:
     """vLLM's `CPUOffloadingSpec.build_metric_definitions(extra_config)` plus ours."""
     from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
 
     return {**CPUOffloadingSpec.build_metric_definitions(extra_config), **our_definitions()}
 
 
-def our_definitions() -> dict[str, Any]:
+def our_definitions() -> dict[str, OffloadingMetricMetadata]:
     """The names our manager adds to every payload (`CounterDeltas`): declared by the
     spec with or without tiers (with tiers, our store is the primary tier of vLLM's
     tiering manager, whose payload carries the primary's)."""
@@ -120,7 +126,7 @@ class CounterDeltas:
     def __init__(self) -> None:
         self._sent: dict[str, int] = {}
 
-    def report(self, payload: Any, store_stats: StoreStats) -> None:
+    def report(self, payload: OffloadingConnectorStats, store_stats: StoreStats) -> None:
         """Adds the occupancy gauge and the counter increments since the last call
         (`store_stats`: the `StoreStats` the same `get_stats` produced)."""
         payload.set_gauge(OCCUPANCY_PERC, store_stats.occupancy_perc)
@@ -140,8 +146,23 @@ def tokens_per_chunk(config: OffloadingConfig) -> int | None:
     return config.cache.blocks_per_chunk * tokens.pop() if len(tokens) == 1 else None
 
 
+class StoreSide(Protocol):
+    """What `spec_stats` asks of a manager (`JaxOffloadingManager`)."""
+
+    def offload_stats(self) -> OffloadStats: ...
+
+
+class TransferSide(Protocol):
+    """What `spec_stats` asks of a worker (`TorchKVWorker`)."""
+
+    def transfer_totals(self) -> tuple[TransferTotals, TransferTotals]: ...
+
+
 def spec_stats(
-    manager: Any, worker: Any, config: OffloadingConfig, num_chunks: int
+    manager: StoreSide | None,
+    worker: TransferSide | None,
+    config: OffloadingConfig,
+    num_chunks: int,
 ) -> OffloadStats:
     """A spec instance's `OffloadStats`: the store side from its manager (if it built
     one), the transfer totals from its worker (if it built one)."""

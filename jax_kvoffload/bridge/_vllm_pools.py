@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, cast
 
 from jax_kvoffload.config import CanonicalLayoutError, OffloadingConfig
 from jax_kvoffload.config.canonical import CanonicalPageMapping, CopyRun
@@ -32,6 +32,9 @@ from jax_kvoffload.hostmem import (
 )
 
 if TYPE_CHECKING:
+    from vllm.v1.kv_offload.base import CanonicalKVCaches
+    from vllm.v1.kv_offload.base import CanonicalPageMapping as VllmCanonicalPageMapping
+
     from jax_kvoffload.transfer import CanonicalPoolView
 
 __all__ = ["CanonicalWorkerError", "canonical_worker_pool", "our_mapping", "shared_direct_pool"]
@@ -47,7 +50,7 @@ class CanonicalWorkerError(CanonicalLayoutError, RuntimeError):
     `RuntimeError` like the error vLLM's tiering spec raises in the same place."""
 
 
-def our_mapping(mapping: Any) -> CanonicalPageMapping:
+def our_mapping(mapping: VllmCanonicalPageMapping) -> CanonicalPageMapping:
     """vLLM's `CanonicalPageMapping` as ours (same fields, validated)."""
     return CanonicalPageMapping(
         canonical_page_size_bytes=int(mapping.canonical_page_size_bytes),
@@ -70,7 +73,7 @@ def our_mapping(mapping: Any) -> CanonicalPageMapping:
 
 
 def tensor_mappings(
-    kv_caches: Any, config: OffloadingConfig
+    kv_caches: CanonicalKVCaches, config: OffloadingConfig
 ) -> tuple[dict[int, CanonicalPageMapping], bool]:
     """One mapping per registered tensor, and whether every layer is portable.
 
@@ -139,7 +142,7 @@ def group_missing(region: SharedHostRegion | None) -> str | None:
 
 
 def canonical_worker_pool(
-    kv_caches: Any,
+    kv_caches: CanonicalKVCaches,
     config: OffloadingConfig,
     *,
     num_chunks: int,

@@ -11,7 +11,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 from jax_kvoffload.bridge._vllm_pools import (
     canonical_worker_pool,
@@ -27,14 +28,40 @@ from jax_kvoffload.config import (
 )
 
 if TYPE_CHECKING:
+    from typing import Self
+
+    from vllm.v1.kv_offload.base import CanonicalKVCaches, OffloadingManager
+    from vllm.v1.kv_offload.base import OffloadingMetricMetadata as MetricMetadata
+    from vllm.v1.kv_offload.config import OffloadingConfig as VllmOffloadingConfig
+
     from jax_kvoffload.hostmem import HostPool, SharedHostRegion
+    from jax_kvoffload.stats import OffloadStats
 
 __all__ = ["build_spec_classes", "our_offloading_config"]
 
 logger = logging.getLogger(__name__)
 
+# vLLM's extra config (`kv_connector_extra_config`) is a loose mapping of config values,
+# hence the `Any`s of `dict[str, Any]` below, as vLLM types it.
 
-def our_offloading_config(vllm_config: Any) -> OffloadingConfig:
+
+class _TierRows(TypedDict):
+    """The host rows' geometry the scheduler's tiers read (vLLM's layout)."""
+
+    kv_bytes_per_chunk: int
+    cpu_page_size_per_worker: int
+    replicated: bool
+
+
+class _PoolSizes(TypedDict):
+    """A worker pool's size: chunks, blocks per chunk, bytes per block by tensor."""
+
+    num_chunks: int
+    blocks_per_chunk: int
+    widths: dict[int, int]
+
+
+def our_offloading_config(vllm_config: VllmOffloadingConfig) -> OffloadingConfig:
     """vLLM's `OffloadingConfig` converted into ours (the same fields, validated, but
     `kv_cache_layout`, which vLLM copies through unchecked).
 
@@ -52,7 +79,7 @@ def our_offloading_config(vllm_config: Any) -> OffloadingConfig:
     return OffloadingConfig.from_dict(data).with_layout_as_given(layout)
 
 
-def read_host_tier(extra_config: Any) -> tuple[HostTierConfig, Exception | None]:
+def read_host_tier(extra_config: Mapping[str, Any]) -> tuple[HostTierConfig, Exception | None]:
     """The host-tier keys, parsed once; an error in a key vLLM reads only when it builds
     the manager (`HostTierConfig.MANAGER_KEYS`) is returned, to be raised there."""
     try:
@@ -103,13 +130,13 @@ def build_spec_classes() -> dict[str, type]:
         @classmethod
         def from_canonical(
             cls,
-            kv_caches: Any,
+            kv_caches: CanonicalKVCaches,
             *,
             blocks_per_chunk: int,
             num_chunks: int,
             config: OffloadingConfig | None = None,
-            rows: dict[str, Any] | None = None,
-        ):
+            rows: _TierRows | None = None,
+        ) -> Self:
             """A worker over vLLM's `CanonicalKVCaches`, moving the bytes vLLM's
             `CPUOffloadingWorker` moves (each ref's unpadded page). With `config`:
             canonical pages when it sets `canonical_layout` (fails closed), else one host
@@ -124,7 +151,7 @@ def build_spec_classes() -> dict[str, type]:
             ]
             pool: HostPool | None = None
             region: SharedHostRegion | None = None
-            sizes: dict[str, Any] = {
+            sizes: _PoolSizes = {
                 "num_chunks": num_chunks,
                 "blocks_per_chunk": blocks_per_chunk,
                 "widths": host_widths(refs),
@@ -178,7 +205,9 @@ def build_spec_classes() -> dict[str, type]:
         """
 
         @classmethod
-        def build_metric_definitions(cls, extra_config: dict[str, Any]) -> dict[str, Any]:
+        def build_metric_definitions(
+            cls, extra_config: dict[str, Any]
+        ) -> dict[str, MetricMetadata]:
             tiered = _tiering_extra(extra_config)
             if tiered is not None:  # vLLM's tiering metrics, each tier's, and our primary's
                 return {
@@ -194,7 +223,7 @@ def build_spec_classes() -> dict[str, type]:
                 return TieringOffloadingSpec.config_info_keys(tiered)
             return CPUOffloadingInfo.config_info_keys()
 
-        def __init__(self, config: Any) -> None:
+        def __init__(self, config: VllmOffloadingConfig) -> None:
             super().__init__(config)
             self.offloading_config = our_offloading_config(config)
             self.canonical_layout = self.offloading_config.canonical_layout
@@ -230,8 +259,10 @@ def build_spec_classes() -> dict[str, type]:
             self.eviction_policy: str = self.host_tier.eviction_policy
             self.cache_policy_module_path: str | None = self.host_tier.cache_policy_module_path
 
+            # Our JaxOffloadingManager, or vLLM's TieringOffloadingManager over our primary
+            # tier (its `primary_tier`): Any, classes made at run time.
             self._manager: Any = None
-            self._worker: Any = None
+            self._worker: JaxOffloadingWorker | None = None
 
         def _uses_shared_region(self) -> bool:
             """Whether the workers' host buffer is one region they all map (vLLM's
@@ -245,7 +276,7 @@ def build_spec_classes() -> dict[str, type]:
             would silently drop the skipped stores (docs/vllm.md)."""
             return True
 
-        def get_manager(self) -> Any:
+        def get_manager(self) -> OffloadingManager:
             if self._manager is None:
                 if self._manager_error is not None:  # where vLLM reads the key
                     raise self._manager_error
@@ -262,9 +293,9 @@ def build_spec_classes() -> dict[str, type]:
                 else:
                     tokens = tokens_per_chunk(self.offloading_config)
                     self._manager = manager_cls(store, self.cpu_info.as_config_info(), tokens)
-            return self._manager
+            return cast("OffloadingManager", self._manager)
 
-        def stats(self) -> Any:
+        def stats(self) -> OffloadStats:
             """This instance's `OffloadStats` (docs/observability.md): the store side
             if it built the manager, the transfer totals if it built the worker."""
             # With tiers the manager is vLLM's TieringOffloadingManager: the store side
@@ -274,7 +305,7 @@ def build_spec_classes() -> dict[str, type]:
                 manager = manager.primary_tier
             return spec_stats(manager, self._worker, self.offloading_config, self.num_chunks)
 
-        def get_worker(self, kv_caches: Any) -> Any:
+        def get_worker(self, kv_caches: CanonicalKVCaches) -> JaxOffloadingWorker:
             if self._worker is None:
                 self._worker = JaxOffloadingWorker.from_canonical(
                     kv_caches,
@@ -285,7 +316,7 @@ def build_spec_classes() -> dict[str, type]:
                 )
             return self._worker
 
-        def _tier_rows(self) -> dict[str, Any]:
+        def _tier_rows(self) -> _TierRows:
             """The host rows' geometry the scheduler's tiers read (vLLM's layout)."""
             return {
                 "kv_bytes_per_chunk": self.kv_bytes_per_chunk,

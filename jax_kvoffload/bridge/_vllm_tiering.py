@@ -23,11 +23,19 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-from typing import Any
+from collections.abc import Collection
+from typing import TYPE_CHECKING, Any
 
 from jax_kvoffload.bridge._vllm_pools import region_name
 from jax_kvoffload.config import ConfigFieldError, HostTierConfig, OffloadingConfig
-from jax_kvoffload.hostmem import SharedHostRegion, SharedRows, build_host_pool
+from jax_kvoffload.hostmem import HostPool, SharedHostRegion, SharedRows, build_host_pool
+
+if TYPE_CHECKING:
+    from vllm.v1.kv_offload.base import ConfigInfoMapping
+    from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec
+    from vllm.v1.kv_offload.tiering.manager import TieringOffloadingManager
+
+    from jax_kvoffload.store import HostStore, OffloadKey
 
 __all__ = [
     "build_primary_class",
@@ -42,7 +50,7 @@ logger = logging.getLogger(__name__)
 _SUFFIX = "_tiers"
 
 
-def vllm_tier_dicts(host: HostTierConfig) -> list[dict[str, Any]]:
+def vllm_tier_dicts(host: HostTierConfig) -> list[dict[str, Any]]:  # vLLM's loose entries
     """`secondary_tiers` as vLLM's factory takes them: ours as out-of-tree classes, vLLM's
     verbatim; each tier's `backpressure` merged over the top-level default field by
     field, as `TieringOffloadingSpec.__init__` does."""
@@ -85,7 +93,7 @@ def tiered_worker_pool(
     kv_bytes_per_chunk: int,
     cpu_page_size_per_worker: int,
     replicated: bool,
-) -> tuple[Any, Any]:
+) -> tuple[HostPool, SharedHostRegion | None]:
     """This worker's `ChunkRowPool` over the rows the scheduler's tiers read, and the
     region (closed with the worker)."""
     rank = config.parallel.rank
@@ -129,17 +137,24 @@ def build_primary_class() -> type:
         """
 
         def __init__(
-            self, store: Any, config_info: Any, region: Any, tokens_per_chunk: int | None = None
+            self,
+            store: HostStore,
+            config_info: ConfigInfoMapping | None,
+            region: SharedHostRegion,
+            tokens_per_chunk: int | None = None,
         ) -> None:
             super().__init__(store, config_info, tokens_per_chunk)
             self._num_chunks = store.num_chunks
             self._region = region
-            self._kv_memoryview = memoryview(region.array.reshape(store.num_chunks, -1))
+            # The array's own memoryview (numpy types ndarray as a Buffer from Python 3.12).
+            self._kv_memoryview = region.array.reshape(store.num_chunks, -1).data
             self.complete_read = store.complete_load
             self.prepare_write = self.prepare_store
             self.complete_write = self.complete_store
 
-        def prepare_read(self, keys: Any, req_context: Any) -> Any:
+        def prepare_read(
+            self, keys: Collection[OffloadKey], req_context: object
+        ) -> CPULoadStoreSpec:
             return CPULoadStoreSpec(self.store.prepare_load(keys))
 
         def get_kv_memoryview(self) -> memoryview:
@@ -153,8 +168,11 @@ def build_primary_class() -> type:
     return JaxPrimaryTier
 
 
-def build_tiering_manager(spec: Any, store: Any) -> Any:
-    """vLLM's `TieringOffloadingManager` over `store` and the spec's tiers."""
+def build_tiering_manager(spec: Any, store: HostStore) -> TieringOffloadingManager:
+    """vLLM's `TieringOffloadingManager` over `store` and the spec's tiers.
+
+    `spec` is our `JaxOffloadingSpec` (a class made at run time: vLLM's `OffloadingSpec`
+    with the host tier's sizing, hence Any), handed to vLLM's tier factory as well."""
     from vllm.v1.kv_offload.tiering.factory import SecondaryTierFactory
     from vllm.v1.kv_offload.tiering.manager import TieringOffloadingManager
 

@@ -29,10 +29,12 @@ imported) on first attribute access.
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import contextlib
 import functools
 import logging
-from typing import Any, cast
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, cast
 
 from jax_kvoffload._log_once import LogOnce
 from jax_kvoffload.config.internals import (
@@ -45,12 +47,24 @@ from jax_kvoffload.config.internals import (
 from jax_kvoffload.errors import KVOffloadValueError
 from jax_kvoffload.tiers import TierBufferSizeError, tier_class
 
+if TYPE_CHECKING:
+    from vllm.v1.kv_offload.base import (
+        OffloadingSpec,
+        OffloadKey,
+        ReqContext,
+        ScheduleEndContext,
+    )
+    from vllm.v1.kv_offload.tiering.backpressure import BackpressureDetector
+    from vllm.v1.kv_offload.tiering.base import TransferJob
+
+    from jax_kvoffload.tiers import SecondaryTier, TierJobResult
+
 __all__ = [*(k.vllm_class for k in tier_kinds()), "build_tier_classes", "vllm_tier_class"]
 
 logger = logging.getLogger(__name__)
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> type:
     kind = tier_kind_for_vllm_class(name)
     if kind is not None:
         return vllm_tier_class(kind)
@@ -74,7 +88,7 @@ def vllm_tier_class(kind: TierKind) -> type:
 
     ours = tier_class(kind)
     remote = ours.medium == "remote"
-    attrs: dict[str, Any] = {
+    attrs: dict[str, object] = {
         "__module__": __name__,
         "__qualname__": kind.vllm_class,
         "__doc__": f"`{ours.__name__}` as a vLLM secondary tier (medium STORAGE"
@@ -104,26 +118,26 @@ def _manager_base() -> type:
     from jax_kvoffload.tiers import namespace_digest, namespace_fields, open_tier
 
     class _Lookup(AsyncLookupManager):
-        def __init__(self, tier: Any, tier_type: str) -> None:
+        def __init__(self, tier: SecondaryTier, tier_type: str) -> None:
             super().__init__(tier_type=tier_type)
             self._tier = tier
 
-        def batch_lookup(self, keys, req_context):
+        def batch_lookup(self, keys: list[OffloadKey], req_context: ReqContext) -> list[bool]:
             return self._tier.contains([bytes(k) for k in keys])
 
     class _JaxTierManager(SecondaryTierManager):
         """One of our tiers behind vLLM's tiering manager (see the module docstring)."""
 
         _kind: TierKind  # each kind's subclass (vllm_tier_class) sets these two
-        _default_locality: Any = None
+        _default_locality: Locality | None = None
 
         def __init__(
             self,
-            offloading_spec: Any,
+            offloading_spec: OffloadingSpec,
             primary_kv_view: memoryview,
             tier_type: str,
-            backpressure_detector: Any = None,
-            **options: Any,
+            backpressure_detector: BackpressureDetector | None = None,
+            **options: Any,  # the tier's own options (its entry's other keys), parsed below
         ) -> None:
             super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
             config = cast(  # a kind of ours: its TierOptions subclass
@@ -138,7 +152,7 @@ def _manager_base() -> type:
             self._row_bytes = self.block_size_bytes
             default = self._default_locality
             self.locality = Locality(config.locality) if config.locality else default
-            self._events: list | None = None
+            self._events: list[OffloadingEvent] | None = None
             if config.enable_kv_events:
                 if offloading_spec.kv_events_config.enable_kv_cache_events:
                     self._events = []
@@ -148,7 +162,7 @@ def _manager_base() -> type:
                         "disabled globally; the tier emits none",
                         tier_type,
                     )
-            self._jobs: dict[int, tuple[Any, bool]] = {}
+            self._jobs: dict[int, tuple[cf.Future[TierJobResult], bool]] = {}  # job: is_load
             self._log_once = LogOnce()  # once per tier, not per process
             self._lookup = _Lookup(self._tier, tier_type)
 
@@ -163,24 +177,24 @@ def _manager_base() -> type:
             start = int(chunk_id) * self._row_bytes
             return self._rows[start : start + self._row_bytes]
 
-        def _items(self, job: Any) -> list[tuple[bytes, memoryview]]:
+        def _items(self, job: TransferJob) -> list[tuple[bytes, memoryview]]:
             return [(bytes(k), self._row(c)) for k, c in zip(job.keys, job.chunk_ids, strict=True)]
 
-        def lookup(self, key, req_context):
+        def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
             found = self._lookup.lookup(key, req_context)
             if found is None:
                 return LookupResult.RETRY
             return LookupResult.HIT if found else LookupResult.MISS
 
-        def submit_store(self, job_metadata) -> None:
+        def submit_store(self, job_metadata: TransferJob) -> None:
             future = self._tier.submit_store(self._items(job_metadata))
             self._jobs[job_metadata.job_id] = (future, False)
 
-        def submit_load(self, job_metadata) -> None:
+        def submit_load(self, job_metadata: TransferJob) -> None:
             future = self._tier.submit_load(self._items(job_metadata))
             self._jobs[job_metadata.job_id] = (future, True)
 
-        def get_finished_jobs(self):
+        def get_finished_jobs(self) -> list[JobResult]:
             results = []
             for job_id, (future, is_load) in list(self._jobs.items()):
                 if not future.done():
@@ -193,10 +207,12 @@ def _manager_base() -> type:
                     self._log_once(
                         logger, "size", "%s: %s; such keys are misses", self.tier_type, e
                     )
+                    assert e.result is not None  # internal: set before the future raises
                     r = e.result
-                ok_keys = r.ok_keys
+                # vLLM's keys, as `_items` gave them (its OffloadKey is a NewType of bytes).
+                ok_keys = cast("tuple[OffloadKey, ...]", r.ok_keys)
                 if is_load and r.failed_keys:
-                    self._lookup.mark_miss(r.failed_keys)
+                    self._lookup.mark_miss(cast("tuple[OffloadKey, ...]", r.failed_keys))
                 if not is_load and self._events is not None and ok_keys:
                     self._events.append(
                         OffloadingEvent(
@@ -221,18 +237,18 @@ def _manager_base() -> type:
         def has_pending_work(self) -> bool:
             return bool(self._jobs)
 
-        def take_events(self):
+        def take_events(self) -> Iterator[OffloadingEvent]:
             if self._events:
                 events, self._events = self._events, []
                 yield from events
 
-        def on_new_request(self, req_context):
+        def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
             return RequestOffloadingContext()
 
-        def on_request_finished(self, req_context) -> None:
+        def on_request_finished(self, req_context: ReqContext) -> None:
             self._lookup.cleanup(req_context.req_id)
 
-        def on_schedule_end(self, context) -> None:
+        def on_schedule_end(self, context: ScheduleEndContext) -> None:
             self._lookup.flush()
 
         def drain_jobs(self) -> None:
@@ -248,7 +264,7 @@ def _manager_base() -> type:
                 self._rows.release()
 
         @property
-        def tier(self) -> Any:
+        def tier(self) -> SecondaryTier:
             """Our `SecondaryTier` underneath (its `stats()`, for tests and tools)."""
             return self._tier
 

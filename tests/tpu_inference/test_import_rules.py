@@ -14,12 +14,19 @@ BRIDGE = ROOT / "jax_kvoffload" / "bridge" / "tpu_inference"
 LAZY = ("tpu_inference", "vllm", "torch")
 
 
+def _type_checking(node: ast.If) -> bool:
+    """Whether `node` is `if TYPE_CHECKING:` (its imports are the type checker's only)."""
+    test = node.test
+    name = test.attr if isinstance(test, ast.Attribute) else getattr(test, "id", None)
+    return name == "TYPE_CHECKING" and not node.orelse
+
+
 def _imports(path: Path) -> list[tuple[int, str, bool]]:
     """(line, module, at module level) of every import in `path`."""
     tree = ast.parse(path.read_text(), str(path))
     top = {id(n) for n in tree.body}
     for node in tree.body:  # `if TYPE_CHECKING:` blocks count as not imported
-        if isinstance(node, ast.If):
+        if isinstance(node, ast.If) and not _type_checking(node):
             top.update(id(n) for n in node.body)
     out = []
     for node in ast.walk(tree):
@@ -59,6 +66,12 @@ def test_the_rule_sees_a_breach(tmp_path):
         eager.parent.mkdir()
         eager.write_text("from tpu_inference.offload import tpu_offload_connector\n")
         assert len(violations([eager])) == 1
+        # Any other module-level `if` imports when the module does.
+        eager.write_text("import os\nif os.environ:\n    import vllm\n")
+        assert len(violations([eager])) == 1
+        typed = BRIDGE / "_typed.py"
+        typed.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import vllm\n")
+        assert violations([typed]) == []
     finally:
         BRIDGE = saved
 

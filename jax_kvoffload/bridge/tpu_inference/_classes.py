@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import functools
 import os
-from typing import Any
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, cast
 
 from jax_kvoffload.bridge.tpu_inference._errors import TPUConnectorConfigError
 from jax_kvoffload.bridge.tpu_inference._hub import Hub, hub_for
@@ -21,10 +22,28 @@ from jax_kvoffload.bridge.tpu_inference._manager import StoreManager
 from jax_kvoffload.bridge.tpu_inference._worker import StoreWorker
 from jax_kvoffload.config import host_tier_config
 
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.distributed.kv_events import KVCacheEvent
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
+    from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
+    from vllm.distributed.kv_transfer.kv_connector.v1.offloading.events import (
+        OffloadingEventsTracker,
+    )
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.kv_offload.base import OffloadingEvent
+    from vllm.v1.kv_offload.base import OffloadKey as VllmOffloadKey
+    from vllm.v1.outputs import KVConnectorOutput
+    from vllm.v1.request import Request
+
+    from jax_kvoffload.store import OffloadKey
+
 __all__ = ["build_classes"]
 
 
-def _new_hub(vllm_config: Any) -> Hub:
+def _new_hub(vllm_config: VllmConfig) -> Hub:
     from tpu_inference import envs
 
     extra = dict(getattr(vllm_config.kv_transfer_config, "kv_connector_extra_config", {}) or {})
@@ -38,7 +57,7 @@ def _new_hub(vllm_config: Any) -> Hub:
     return Hub(host=host_tier_config(extra), num_chunks=int(envs.TPU_OFFLOAD_NUM_CPU_CHUNKS))
 
 
-def _check_parallel(vllm_config: Any) -> None:
+def _check_parallel(vllm_config: VllmConfig) -> None:
     parallel = vllm_config.parallel_config
     for name in ("pipeline_parallel_size", "data_parallel_size"):
         value = getattr(parallel, name, 1)
@@ -58,13 +77,17 @@ def _check_parallel(vllm_config: Any) -> None:
         )
 
 
-def _vllm_event(keys: tuple, removed: bool, metadata_only: bool) -> Any:
+def _vllm_event(
+    keys: tuple[OffloadKey, ...], removed: bool, metadata_only: bool
+) -> OffloadingEvent:
     from vllm.v1.kv_offload import base
 
-    return base.OffloadingEvent(list(keys), base.Medium.CPU, removed, metadata_only=metadata_only)
+    # Ours and vLLM's OffloadKey are NewTypes over the same bytes.
+    vllm_keys = cast("list[VllmOffloadKey]", list(keys))
+    return base.OffloadingEvent(vllm_keys, base.Medium.CPU, removed, metadata_only=metadata_only)
 
 
-def _events_tracker(vllm_config: Any) -> Any:
+def _events_tracker(vllm_config: VllmConfig) -> OffloadingEventsTracker | None:
     """vLLM's event translator, or None where KV events are off (nothing is recorded)."""
     events = getattr(vllm_config, "kv_events_config", None)
     if not getattr(events, "enable_kv_cache_events", False):
@@ -90,7 +113,7 @@ def build_classes() -> dict[str, type]:
     class JaxStoreScheduler(theirs.TPUOffloadConnectorScheduler):
         """Their scheduler over our store (`StoreManager`); nothing else changes."""
 
-        def __init__(self, vllm_config: Any, hub: Hub) -> None:
+        def __init__(self, vllm_config: VllmConfig, hub: Hub) -> None:
             super().__init__(vllm_config)
             if hub.store is None:
                 from jax_kvoffload.assembly import build_store
@@ -108,12 +131,20 @@ def build_classes() -> dict[str, type]:
         """tpu-inference's offload connector with jax_kvoffload's store, kernels and
         tiers behind it (docs/tpu_inference.md)."""
 
-        def __init__(self, vllm_config: Any, role: Any, kv_cache_config: Any = None) -> None:
-            super().__init__(vllm_config, role, kv_cache_config)
+        def __init__(
+            self,
+            vllm_config: VllmConfig,
+            role: KVConnectorRole,
+            kv_cache_config: KVCacheConfig | None = None,
+        ) -> None:
+            # vLLM's base keeps kv_cache_config as given (None: a caller that has none).
+            super().__init__(vllm_config, role, kv_cache_config)  # type: ignore[arg-type]
             _check_parallel(vllm_config)
             hub = hub_for(vllm_config, lambda: _new_hub(vllm_config))
             self.hub = hub
             self._events = _events_tracker(vllm_config)
+            # One side per role (JaxStoreScheduler, StoreWorker), the other None: Any, as
+            # vLLM calls a side's methods on its role only (theirs hold the same).
             self.connector_scheduler: Any = None
             self.connector_worker: Any = None
             if role == KVConnectorRole.SCHEDULER:
@@ -128,30 +159,37 @@ def build_classes() -> dict[str, type]:
                 )
 
         @classmethod
-        def get_required_kvcache_layout(cls, vllm_config: Any) -> str | None:
+        def get_required_kvcache_layout(cls, vllm_config: VllmConfig) -> str | None:
             return theirs.TPUOffloadConnector.get_required_kvcache_layout(vllm_config)
 
         @classmethod
-        def build_kv_connector_stats(cls, data: Any = None) -> Any:
+        def build_kv_connector_stats(
+            cls,
+            data: dict[str, Any] | None = None,  # vLLM's type: a stats payload
+        ) -> KVConnectorStats | None:
             return theirs.TPUOffloadConnector.build_kv_connector_stats(data)
 
         # -- scheduler side ---------------------------------------------------------------
 
-        def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> Any:
+        def get_num_new_matched_tokens(
+            self, request: Request, num_computed_tokens: int
+        ) -> tuple[int | None, bool]:
             return self.connector_scheduler.get_num_new_matched_tokens(request, num_computed_tokens)
 
         def update_state_after_alloc(
-            self, request: Any, blocks: Any, num_external_tokens: int
+            self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
         ) -> None:
             self.connector_scheduler.update_state_after_alloc(request, blocks, num_external_tokens)
 
-        def build_connector_meta(self, scheduler_output: Any) -> Any:
+        def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
             return self.connector_scheduler.build_connector_meta(scheduler_output)
 
-        def request_finished(self, request: Any, block_ids: list[int]) -> Any:
+        def request_finished(
+            self, request: Request, block_ids: list[int]
+        ) -> tuple[bool, dict[str, Any] | None]:  # vLLM's type: the KV transfer params
             return self.connector_scheduler.request_finished(request, block_ids)
 
-        def update_connector_output(self, connector_output: Any) -> None:
+        def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
             self.connector_scheduler.update_connector_output(connector_output)
 
         def flush_tiers(self, timeout: float | None = None) -> bool:
@@ -160,7 +198,7 @@ def build_classes() -> dict[str, type]:
             path = self.hub.tier_path()
             return True if path is None else path.wait(timeout=timeout)
 
-        def take_events(self) -> Any:
+        def take_events(self) -> Iterator[KVCacheEvent]:
             """The store's events as vLLM's KV cache events (`BlockStored`,
             `BlockRemoved`), translated by vLLM's own `OffloadingEventsTracker` with
             its legacy payload (block hash and group; no tokens), as vLLM's offloading
@@ -173,21 +211,21 @@ def build_classes() -> dict[str, type]:
 
         # -- worker side ------------------------------------------------------------------
 
-        def register_kv_caches(self, kv_caches: Any) -> None:
+        def register_kv_caches(self, kv_caches: object) -> None:
             """A no-op, as theirs: the runner reassigns its caches every step, so the
             worker reads `runner.kv_caches` at each operation (`register_runner`)."""
 
-        def register_runner(self, runner: Any) -> None:
+        def register_runner(self, runner: Any) -> None:  # StoreWorker.register_runner's
             self.connector_worker.register_runner(runner)
 
-        def start_load_kv(self, fwd_ctx: Any, **kwargs: Any) -> None:  # type: ignore[override]
+        def start_load_kv(self, fwd_ctx: object, **kwargs: Any) -> None:  # type: ignore[override]
             self.connector_worker.start_load_kv()
 
         def wait_for_layer_load(self, layer_name: str) -> None:
             """Loads are whole before the forward (no layer-wise load, as theirs)."""
 
         def save_kv_layer(
-            self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kwargs: Any
+            self, layer_name: str, kv_layer: object, attn_metadata: object, **kwargs: Any
         ) -> None:
             """Saves are whole after the forward (no layer-wise save, as theirs)."""
 
@@ -197,7 +235,7 @@ def build_classes() -> dict[str, type]:
         def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str], set[str]]:
             return self.connector_worker.get_finished()
 
-        def get_kv_connector_stats(self) -> Any:
+        def get_kv_connector_stats(self) -> KVConnectorStats | None:
             if self.connector_worker is None:
                 return None
             return self.connector_worker.get_kv_connector_stats()

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import jax
 import numpy as np
+import numpy.typing as npt
 
 import pallas_kernels as pk
 from jax_kvoffload.bridge.tpu_inference._errors import TPUConnectorConfigError
@@ -34,6 +34,7 @@ from jax_kvoffload.config import (
     OffloadingConfig,
     build_offloading_config,
 )
+from jax_kvoffload.config.internals import as_dtype
 
 __all__ = ["LayerGroups", "group_layers", "namespace_config"]
 
@@ -92,19 +93,25 @@ def group_layers(caches: Sequence[jax.Array]) -> LayerGroups:
 
 
 def namespace_config(
-    model: str, block_size: int, dtype: Any, shape: tuple[int, ...], layers: int, bytes_: int
+    model: str,
+    block_size: int,
+    dtype: npt.DTypeLike,
+    shape: tuple[int, ...],
+    layers: int,
+    bytes_: int,
 ) -> OffloadingConfig:
     """The `OffloadingConfig` whose namespace keys this engine's tier entries: the model
     name, block size, dtype and one layer-shape group's geometry (the page itself is in
     the namespace too: `engine_pages`). Engines that share these read each other's
     entries; the topology is not in it (a chunk holds every shard's bytes)."""
     _, bs, rows, packing, dim = shape
-    name = np.dtype(dtype).name
+    # The dtype by name, checked as the configs check it (their fields hold np.dtypes).
+    dtype_ = as_dtype(np.dtype(dtype).name)
     spec = FullAttentionSpec(
-        block_size=bs, num_kv_heads=rows * packing // 2, head_size=dim, dtype=name
+        block_size=bs, num_kv_heads=rows * packing // 2, head_size=dim, dtype=dtype_
     )
     engine = EngineConfig(
-        model_config=ModelConfig(model=model, dtype=name, total_num_kv_heads=rows * packing // 2),
+        model_config=ModelConfig(model=model, dtype=dtype_, total_num_kv_heads=rows * packing // 2),
         cache_config=CacheConfig(block_size=block_size),
         kv_transfer_config=KVTransferConfig(
             kv_connector_extra_config={"cpu_bytes_to_use": bytes_, "blocks_per_chunk": 1},

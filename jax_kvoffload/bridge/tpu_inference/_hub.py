@@ -23,8 +23,8 @@ from __future__ import annotations
 import contextlib
 import threading
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from jax_kvoffload.config import HostTierConfig
 from jax_kvoffload.hostmem import HostPool
@@ -92,7 +92,7 @@ _HUBS: dict[int, Hub] = {}
 _HUBS_LOCK = threading.Lock()
 
 
-def hub_for(vllm_config: Any, make: Any) -> Hub:
+def hub_for(vllm_config: object, make: Callable[[], Hub]) -> Hub:
     """The hub of this `VllmConfig` object, made by `make()` for its first role."""
     key = id(vllm_config)
     with _HUBS_LOCK:
