@@ -172,6 +172,34 @@ def test_ctrl_c_while_a_load_waits_cancels_it_and_gives_its_pins_back(monkeypatc
 
 
 @main_thread_only
+def test_ctrl_c_while_a_load_is_submitted_cancels_it_too(monkeypatch):
+    # Held while the load is submitted and recorded, Ctrl-C arrives as that step ends:
+    # the load is cancelled as in a wait (it was not, when the step was outside the
+    # wait's handler: its later completion donated the runner's arrays).
+    s = Setup(3)
+    saved_bits = s.bits()
+    s.saved(H[:2], [1, 2])
+    before = s.bits()
+    s.conn.meta = [s.load("a", H[:2], [5, 6])]
+    engine = s.worker._engine
+    submit = engine.submit_load
+
+    def interrupted_submit(*args, **kwargs):
+        submit(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(engine, "submit_load", interrupted_submit)
+    with pytest.raises(KeyboardInterrupt):
+        s.worker.start_load_kv()
+    monkeypatch.setattr(engine, "submit_load", submit)
+    stats = s.report()
+    assert stats.loads == [("a", [0, 1])] and s.pinned_or_pending == 0
+    for got, want in zip(s.bits(), before, strict=True):
+        np.testing.assert_array_equal(got, want)
+    _check_next_step_works(s, saved_bits)
+
+
+@main_thread_only
 def test_ctrl_c_during_a_loads_scatter_finishes_it_and_reports_it(monkeypatch):
     s = Setup(1)
     saved_bits = s.bits()

@@ -176,13 +176,14 @@ class StoreWorker:
         """Loads the step's chunks into their blocks and waits for them (their loads
         are synchronous: the forward reads them next).
 
-        Interrupts (docs/architecture.md, "Interrupts, in one place"): the wait is interruptible and
-        changes nothing; Ctrl-C there cancels the load (`discard`: it never writes its
-        blocks) and propagates. Every other step runs with SIGINT held: the load
-        submitted and recorded, or neither; its result taken, the caches written back
-        and the load reported, whole. A load that did not finish is reported all the
-        same, by the next `get_kv_connector_stats` once it ended, so that the scheduler
-        side gives back its pins; its blocks hold unspecified bytes.
+        Interrupts (docs/architecture.md, "Interrupts, in one place"): the wait is
+        interruptible and changes nothing; Ctrl-C there cancels the load (`discard`: it
+        never writes its blocks) and propagates. Every other step runs with SIGINT
+        held: the load submitted and recorded, or neither; its result taken, the caches
+        written back and the load reported, whole. A load that did not finish (failed,
+        or cancelled: then by the next `get_kv_connector_stats` once it ended) is
+        reported all the same, so that the scheduler side gives back its pins; its
+        blocks hold unspecified bytes.
         """
         self._saved_this_step = False
         loads = [
@@ -206,22 +207,24 @@ class StoreWorker:
         record = [(m.req_id, list(m.load_spec.src_chunks)) for m in loads]
         transfers = [GroupTransfer(g, blocks, chunks) for g in range(len(groups.layers))]
         job = next(self._ids)
-        with deferred_interrupts():
-            caches = self._sync_in()
-            try:
-                engine.submit_load(job, transfers)
-            except Exception:
-                self._record_loads(record)  # nothing was queued: its pins go back now
-                raise
-            self._loads[job] = record
+        caches: list[Any] = []
         try:
+            with deferred_interrupts():  # a Ctrl-C held here arrives at its end: below
+                caches = self._sync_in()
+                try:
+                    engine.submit_load(job, transfers)
+                except Exception:
+                    self._record_loads(record)  # nothing was queued: its pins go back now
+                    raise
+                self._loads[job] = record
             engine.join([job])  # blocks; may be interrupted, changes nothing
         except BaseException:
-            with deferred_interrupts():
-                # Cancelled: it never scatters (the caches stay the runner's); `_collect`
-                # reports it once it ended (its worker part may still read the rows).
-                engine.discard(job)
-                self._sync_out(caches)
+            if job in self._loads:
+                with deferred_interrupts():
+                    # Cancelled: it never scatters (the caches stay the runner's);
+                    # `_collect` reports it once it ended (its copies may still run).
+                    engine.discard(job)
+                    self._sync_out(caches)
             raise
         with deferred_interrupts():
             (result,) = engine.wait([job])  # its copies ended: the scatter, at once
