@@ -300,7 +300,7 @@ class StoreWorker:
         self._saves[job] = (m.req_id, list(chunks))
 
     def _fail_save(self, req: str, chunks: list[int], why: str) -> None:
-        logger.error("request %s: not saving chunks %s: %s", req, chunks, why)
+        logger.warning("request %s: not saving chunks %s: %s", req, chunks, why)
         self._hub.fail_saves(chunks)
         self._stats.record_save(req=req, saved_chunk_ids=chunks)
 
