@@ -61,10 +61,12 @@ LOWER["demo"] = {*LOWER["bridge"], "bridge", "jax_kvoffload"}
 PACKAGES = {p.stem for p in (ROOT / "jax_kvoffload").iterdir() if p.suffix == ".py" or p.is_dir()}
 
 # The only modules that may hold SIGINT (docs/architecture.md, "Interrupts"): the helper,
-# KVOffloader's entry points, and the job cores of the worker engines and of the tiers.
+# the entry points (KVOffloader's; the tpu-inference worker's, driven by their runner),
+# and the job cores of the worker engines and of the tiers.
 SIGNAL_HOLDERS = {
     "jax_kvoffload/_interrupts.py",
     "jax_kvoffload/offloader/_offloader.py",
+    "jax_kvoffload/bridge/tpu_inference/_worker.py",
     "jax_kvoffload/transfer/_job_core.py",
     "jax_kvoffload/tiers/_job_runner.py",
 }

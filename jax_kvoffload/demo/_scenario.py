@@ -97,7 +97,10 @@ def build_offloader(cfg: ScenarioConfig, num_blocks: int, mesh_size: int | None 
         kv_cache_groups=(KVCacheGroupSpec(layer_names=layers, kv_cache_spec=spec),),
     )
     config = build_offloading_config(engine, kv)
-    heads = {} if mesh_size is None else {"total_kv_heads": m.num_kv_heads}
+    # The model's heads: canonical pages need them, and they make the RPA check exact
+    # (a padded RPA array's bytes do not state its heads).
+    rpa = m.cache_layout == "rpa"
+    heads = {} if mesh_size is None and not rpa else {"total_kv_heads": m.num_kv_heads}
     return KVOffloader(config, group, backend=cfg.kernel_backend, **heads)
 
 

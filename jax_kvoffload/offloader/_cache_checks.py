@@ -9,7 +9,9 @@ bfloat16. `check_caches` refuses them at `KVOffloader(...)` and at `set_caches`,
 `CacheConfigMismatchError` naming both values and the fix.
 
 Global arrays (sharded over a mesh, or canonical) hold every worker's share of a block,
-local arrays one worker's: both are accepted (`_check_block_bytes`).
+local arrays one worker's: both are accepted (`_check_block_bytes`). Padded RPA arrays
+must have exactly the padded shape of heads and a head size the config's bytes give
+(of the model's heads, with `total_kv_heads`).
 """
 
 from __future__ import annotations
@@ -41,6 +43,9 @@ _FAMILIES = {
     "fp8_e5m2": ("float8_e5m2", "float8_e5m2fnuz"),
 }
 
+# RPA v3 pads the head size to 128 lanes (pallas_kernels.rpa_cache_shape).
+_LANES = 128
+
 _FIX = "or rebuild the config (build_offloading_config) from the model that made these caches"
 
 
@@ -64,7 +69,8 @@ def check_caches(
     out = dict(caches)
     if config.canonical_layout:  # before the bytes: a shard's heads say more than its size
         out = _check_canonical(caches, total_kv_heads)
-    _check_block_bytes(config, out)
+    heads = None if total_kv_heads is None else check_index("total_kv_heads", total_kv_heads)
+    _check_block_bytes(config, out, heads)
     return out
 
 
@@ -145,23 +151,39 @@ def _check_tokens(g: int, gc: GroupCaches, tokens_per_block: int, dcp: int) -> N
         )
 
 
-def _check_block_bytes(config: OffloadingConfig, caches: Mapping[int, GroupCaches]) -> None:
+def _check_block_bytes(
+    config: OffloadingConfig, caches: Mapping[int, GroupCaches], total_kv_heads: int | None
+) -> None:
     """The arrays' bytes per block against `worker_kv_bytes_per_block` (KV heads x head
     size x width x tokens x layers): what catches another head count or head size.
 
     Local arrays hold one worker's bytes (k = 1); global arrays sharded over the mesh
-    hold k workers' shares, 1 <= k <= world_size. Nothing to compare when the config
-    states no bytes (vLLM's configs without workers) or a group has raw pages (states
-    of any shape, padded to a common page)."""
+    hold k workers' shares, 1 <= k <= world_size. RPA arrays are padded (the combined
+    head axis to the packing per KV-head shard, the head size to 128 lanes), so their
+    size does not state the heads: an RPA group holds the bytes of any (KV heads, head
+    size) whose padded shape is exactly the arrays' (`_rpa_kv_bytes`), or its padded
+    bytes (a config that counts them). The config states heads x head size only; with
+    `total_kv_heads` the heads are the model's (all of them in a global array, or one
+    worker's share, `max(1, total // tp)`), so the head size, and with it the padded
+    shape, follows from the bytes: exact. Nothing to compare when the config states no
+    bytes (vLLM's configs without workers) or a group has raw pages (states of any
+    shape, padded to a common page)."""
     per_worker = config.worker_kv_bytes_per_block
-    # RPA pages are padded (heads to the packing, the head size to 128), so their size
-    # does not state the heads; canonical RPA caches are checked head by head instead.
-    unsized = (pk.PageFormat.RAW, pk.PageFormat.RPA)
-    if per_worker <= 0 or any(gc.layout.page_format in unsized for gc in caches.values()):
+    if per_worker <= 0 or any(gc.layout.page_format is pk.PageFormat.RAW for gc in caches.values()):
         return
-    got = sum(gc.block_bytes for gc in caches.values())
     workers = max(config.parallel.world_size, 1)
-    if got % per_worker == 0 and 1 <= got // per_worker <= workers:
+    model_heads = None
+    if total_kv_heads is not None:
+        model_heads = {total_kv_heads, max(1, total_kv_heads // max(config.parallel.tp_size, 1))}
+    totals = {0}
+    for gc in caches.values():
+        sizes = {gc.block_bytes}
+        if gc.layout.page_format is pk.PageFormat.RPA:
+            sizes = _rpa_kv_bytes(gc, model_heads)
+            if model_heads is None:
+                sizes.add(gc.block_bytes)
+        totals = {t + b for t in totals for b in sizes}
+    if any(t % per_worker == 0 and 1 <= t // per_worker <= workers for t in totals):
         return
     pages = "; ".join(
         f"group {g}: {len(gc.arrays)} x {gc.layout.page_shape(tuple(gc.arrays[0].shape))} "
@@ -169,12 +191,85 @@ def _check_block_bytes(config: OffloadingConfig, caches: Mapping[int, GroupCache
         for g, gc in sorted(caches.items())
     )
     span = "" if workers == 1 else f" (or k x that for global arrays over k <= {workers} workers)"
+    rpa = [
+        (g, gc) for g, gc in sorted(caches.items()) if gc.layout.page_format is pk.PageFormat.RPA
+    ]
+    if rpa:
+        got = "; ".join(
+            _rpa_shapes(g, gc, per_worker if len(caches) == 1 else 0, model_heads) for g, gc in rpa
+        )
+        raise CacheConfigMismatchError(
+            f"the RPA caches fit no KV heads and head size whose bytes per block are the "
+            f"config's worker_kv_bytes_per_block {per_worker}{span}: {got}; pass arrays of "
+            f"pallas_kernels.rpa_cache_shape(num_blocks, block_size, num_kv_heads, "
+            f"head_size, dtype, shards=...) for the spec's num_kv_heads and head_size, {_FIX}"
+        )
     raise CacheConfigMismatchError(
-        f"the caches hold {got} bytes per block ({pages}) but the config's "
-        f"worker_kv_bytes_per_block is {per_worker}{span}: its KV cache spec has other KV "
-        f"heads or another head size than the arrays; pass arrays with the spec's "
-        f"num_kv_heads and head_size, {_FIX}"
+        f"the caches hold {sum(gc.block_bytes for gc in caches.values())} bytes per block "
+        f"({pages}) but the config's worker_kv_bytes_per_block is {per_worker}{span}: its "
+        f"KV cache spec has other KV heads or another head size than the arrays; pass "
+        f"arrays with the spec's num_kv_heads and head_size, {_FIX}"
     )
+
+
+def _rpa_heads(gc: GroupCaches, only: set[int] | None) -> tuple[int, list[int], list[int]]:
+    """(shards, heads, hd64 heads): the KV head counts whose padded rows are the arrays'
+    over their KV-head shards, for head sizes of 65+ lanes (K and V in slots of their
+    own: `pk.rpa_cache_shape`) and for head size 64 (tpu-inference's kernel_hd64.py: K
+    and V of a head share one 128-lane row, `align(H / shards, packing) / packing`
+    rows); of those in `only` if given."""
+    a = gc.arrays[0]
+    rows, packing = int(a.shape[2]), int(a.shape[3])
+    shards = pk.rpa_shards(a)
+    if rows % shards:
+        return shards, [], []
+    r = rows // shards  # rows per shard: align(2h, packing) = packing * r
+    heads = [shards * h for h in range((packing * (r - 1)) // 2 + 1, packing * r // 2 + 1)]
+    hd64 = [shards * h for h in range(packing * (r - 1) + 1, packing * r + 1)]
+    if only is not None:
+        heads, hd64 = [h for h in heads if h in only], [h for h in hd64 if h in only]
+    return shards, heads, hd64
+
+
+def _rpa_kv_bytes(gc: GroupCaches, only: set[int] | None) -> set[int]:
+    """The unpadded KV bytes per block (2 x heads x head size x width x tokens x layers)
+    of every (heads, head size) whose padded RPA arrays have exactly this group's shape."""
+    a = gc.arrays[0]
+    tokens, lanes = int(a.shape[1]), int(a.shape[4])
+    per_head = 2 * np.dtype(a.dtype).itemsize * tokens * len(gc.arrays)
+    _, heads, hd64 = _rpa_heads(gc, only)
+    sizes = range(lanes - _LANES + 1, lanes + 1)  # align(head_size, 128) == lanes
+    out = {per_head * h * d for h in heads for d in sizes}
+    if lanes == _LANES:
+        out |= {per_head * h * 64 for h in hd64}
+    return out
+
+
+def _rpa_shapes(g: int, gc: GroupCaches, per_worker: int, only: set[int] | None) -> str:
+    """The group's RPA shape, and the shapes the config's bytes give: for the model's
+    heads (`only`: a worker's share first, so the head size is the one the bytes give
+    it), else for the heads the arrays' rows could hold."""
+    a = gc.arrays[0]
+    shape, dt = tuple(int(d) for d in a.shape), np.dtype(a.dtype)
+    shards, heads, _ = _rpa_heads(gc, None)
+    out = f"group {g}: arrays of shape {shape} ({dt.name}, {shards} KV-head shard(s))"
+    out += f" hold {' or '.join(map(str, heads))} KV heads" if heads else " fit no head count"
+    if not per_worker:
+        return out
+    per_head = 2 * dt.itemsize * shape[1] * len(gc.arrays)
+    share = None if only is None else min(only)
+    wants = []
+    for h in sorted(only) if only is not None else heads:
+        unit = per_head * (h if share is None else share)
+        if per_worker % unit:
+            continue
+        try:
+            want = pk.rpa_cache_shape(shape[0], shape[1], h, per_worker // unit, dt, shards=shards)
+        except pk.LayoutError:  # the model's heads do not divide over the arrays' shards
+            continue
+        wants.append(f"{h} KV heads of head size {per_worker // unit}: {want}")
+    who = "the model's" if only is not None else "those"
+    return f"{out}; the config's bytes give {who} " + ("; ".join(wants) or "no whole head size")
 
 
 def _check_canonical(

@@ -109,7 +109,9 @@ class KVOffloader:
       max_bucket: largest block count per kernel call.
       total_kv_heads: the model's KV heads; required with `config.canonical_layout`, where
         every array must be the global view (all heads, sharded over any mesh) so that its
-        pages are the canonical, topology-free pages (docs/canonical.md).
+        pages are the canonical, topology-free pages (docs/canonical.md). With RPA
+        caches it makes the heads check exact (docs/errors.md, "Caches against the
+        config": a padded array's bytes do not state its heads).
 
     With secondary tiers (docs/tiers.md): completed stores cascade to every tier,
     `lookup` sees the host, then the tiers (and promotes what it counts into the host),

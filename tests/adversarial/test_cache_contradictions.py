@@ -173,3 +173,100 @@ def test_a_tp_config_takes_local_and_global_arrays_but_not_more_heads():
         KVOffloader(cfg, caches(dataclasses.replace(m, heads=8)), backend="xla")
     with pytest.raises(CacheConfigMismatchError, match="head_size"):
         KVOffloader(cfg, caches(dataclasses.replace(m, head_size=12)), backend="xla")
+
+
+# RPA v3 caches (tpu-inference's) are padded: the combined head axis to the packing
+# (`align(2 * heads, packing) // packing` rows, packing = 32 // dtype bits) and the head
+# size to 128 lanes, so their bytes do not state the heads. The old check skipped them:
+# any RPA array passed under any config.
+RPA_DTYPES = ["bfloat16", "float8_e4m3fn", "int8", "float32"]
+RPA_HEADS = [1, 2, 3, 4, 6, 8]
+RPA_SIZES = [64, 96, 128, 200, 256]
+RPA = pk.KVLayout.rpa()
+
+
+def _np_dtype(name: str) -> np.dtype:
+    return np.dtype(getattr(ml_dtypes, name, None) or name)
+
+
+def rpa_caches(m: Model, heads: int, head_size: int) -> GroupCaches:
+    shape = pk.rpa_cache_shape(NB, m.block_size, heads, head_size, _np_dtype(m.dtype))
+    return GroupCaches([jnp.zeros(shape, _np_dtype(m.dtype)) for _ in range(m.layers)], RPA)
+
+
+def rpa_admits(m: Model, shape: tuple[int, ...], model_heads: int | None) -> bool:
+    """The oracle, forwards from the model to the arrays: the config states heads x head
+    size (its bytes); arrays pass iff some (heads, head size) of that product (heads the
+    model's, when given) has exactly their padded shape, by `pk.rpa_cache_shape` or, at
+    head size 64, tpu-inference's hd64 rows (K and V of a head in one 128-lane row).
+    Without the model's heads, arrays whose padded bytes are the config's pass too."""
+    dt, product = _np_dtype(m.dtype), m.heads * m.head_size
+    packing = 4 // dt.itemsize
+    for h in [model_heads] if model_heads else range(1, product + 1):
+        if product % h:
+            continue
+        d = product // h
+        if pk.rpa_cache_shape(NB, m.block_size, h, d, dt) == shape:
+            return True
+        if d == 64 and (NB, m.block_size, -(-h // packing), packing, 128) == shape:
+            return True
+    padded = int(np.prod(shape[1:])) * dt.itemsize * m.layers
+    return model_heads is None and padded == block_bytes(m)
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_rpa_caches_pass_exactly_when_their_padded_shape_is_the_configs(seed):
+    rng = np.random.default_rng(2000 + seed)
+    print(f"seed={2000 + seed}")
+    refused = 0
+    for _ in range(16):
+        m = Model(
+            heads=int(rng.choice(RPA_HEADS)),
+            head_size=int(rng.choice(RPA_SIZES)),
+            block_size=int(rng.choice([2, 4])),
+            layers=int(rng.integers(1, 3)),
+            dtype=str(rng.choice(RPA_DTYPES)),
+            layout="rpa",
+        )
+        cfg = config(m)
+        heads, size = int(rng.choice(RPA_HEADS)), int(rng.choice(RPA_SIZES))
+        shape = tuple(rpa_caches(m, heads, size).arrays[0].shape)
+        for model_heads in (None, m.heads):
+            kw = {} if model_heads is None else {"total_kv_heads": model_heads}
+            KVOffloader(cfg, rpa_caches(m, m.heads, m.head_size), backend="xla", **kw).close()
+            if rpa_admits(m, shape, model_heads):
+                KVOffloader(cfg, rpa_caches(m, heads, size), backend="xla", **kw).close()
+                continue
+            refused += 1
+            with pytest.raises(CacheConfigMismatchError) as e:
+                KVOffloader(cfg, rpa_caches(m, heads, size), backend="xla", **kw)
+            message = str(e.value)
+            assert str(shape) in message and "rpa_cache_shape" in message, (m, message)
+    assert refused  # the draws do contradict
+
+
+@pytest.mark.parametrize("dtype", RPA_DTYPES)
+def test_rpa_caches_of_other_heads_or_head_size_are_refused_naming_both_shapes(dtype):
+    m = Model(2, 128, 4, 2, dtype, "rpa")
+    cfg, dt = config(m), _np_dtype(dtype)
+    own = tuple(pk.rpa_cache_shape(NB, 4, 2, 128, dt))
+    KVOffloader(cfg, rpa_caches(m, 2, 128), backend="xla", total_kv_heads=2).close()
+    for heads, size in ((8, 128), (2, 256), (1, 128)):
+        bad = tuple(pk.rpa_cache_shape(NB, 4, heads, size, dt))
+        if bad == own:  # fp8, int8: 1 head's 2 slots are padded to 4, as 2 heads' 4 are
+            KVOffloader(cfg, rpa_caches(m, heads, size), backend="xla", total_kv_heads=2).close()
+            continue
+        with pytest.raises(CacheConfigMismatchError) as e:
+            KVOffloader(cfg, rpa_caches(m, heads, size), backend="xla", total_kv_heads=2)
+        assert str(bad) in str(e.value) and str(own) in str(e.value), str(e.value)
+    # Without the model's heads the bytes alone decide (`rpa_admits`): 4 heads of 64
+    # have the bytes of 2 heads of 128 and the shape of 4 heads of 128; 2 heads of 256
+    # pass only where 1 head of 256 has their shape (fp8, int8: both pad to one row).
+    assert rpa_admits(m, tuple(pk.rpa_cache_shape(NB, 4, 4, 128, dt)), None)
+    KVOffloader(cfg, rpa_caches(m, 4, 128), backend="xla").close()
+    if rpa_admits(m, tuple(pk.rpa_cache_shape(NB, 4, 2, 256, dt)), None):
+        assert dt.itemsize == 1
+        KVOffloader(cfg, rpa_caches(m, 2, 256), backend="xla").close()
+    else:
+        with pytest.raises(CacheConfigMismatchError):
+            KVOffloader(cfg, rpa_caches(m, 2, 256), backend="xla")

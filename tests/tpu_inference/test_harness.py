@@ -184,4 +184,3 @@ def test_a_second_process_is_served_from_redis(tmp_path):
         assert facts["matched_tokens"] == 3 * 16 and facts["loaded_chunks"] == 3, facts
     finally:
         server.stop()
-

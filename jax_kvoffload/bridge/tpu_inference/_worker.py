@@ -10,8 +10,11 @@ from those rows and are scattered in place, before the forward (their loads are
 synchronous). The runner's arrays are read at each operation and written back after
 it (scatters donate them), as their worker does.
 
-A save that fails is reported done, after `Hub.fail_saves` told the scheduler side to
-free its chunk; a load that fails raises (the forward would read wrong KV otherwise).
+A save that fails (or cannot be submitted) is reported done, after `Hub.fail_saves`
+told the scheduler side to free its chunk; a load that fails raises (the forward would
+read wrong KV otherwise), reported all the same so that its pins are given back. The
+entry points hold SIGINT for their steps (`deferred_interrupts`; docs/architecture.md,
+"Interrupts, in one place"): Ctrl-C cancels a load that waits, and loses no report.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import itertools
 import logging
 from typing import Any
 
+from jax_kvoffload._interrupts import deferred_interrupts
 from jax_kvoffload.assembly import engine_pages, open_tiers
 from jax_kvoffload.bridge.tpu_inference._errors import (
     TPUConnectorConfigError,
@@ -31,6 +35,7 @@ from jax_kvoffload.bridge.tpu_inference._geometry import (
     namespace_config,
 )
 from jax_kvoffload.bridge.tpu_inference._hub import Hub
+from jax_kvoffload.errors import KVOffloadError
 from jax_kvoffload.hostmem import build_host_pool
 from jax_kvoffload.transfer import Direction, GroupCaches, GroupTransfer, TransferEngine
 
@@ -60,6 +65,7 @@ class StoreWorker:
         self._engine: TransferEngine | None = None
         self._ids = itertools.count(1)
         self._saves: dict[int, tuple[str, list[int]]] = {}  # job -> (request, chunks)
+        self._loads: dict[int, list[tuple[str, list[int]]]] = {}  # job -> [(request, chunks)]
         self._finished: set[str] = set()
         self._saved_this_step = False
 
@@ -167,6 +173,18 @@ class StoreWorker:
         self._runner.kv_caches = caches
 
     def start_load_kv(self) -> None:
+        """Loads the step's chunks into their blocks and waits for them (their loads
+        are synchronous: the forward reads them next).
+
+        Interrupts (docs/architecture.md, "Interrupts, in one place"): the wait is
+        interruptible and changes nothing; Ctrl-C there cancels the load (`discard`: it
+        never writes its blocks) and propagates. Every other step runs with SIGINT
+        held: the load submitted and recorded, or neither; its result taken, the caches
+        written back and the load reported, whole. A load that did not finish (failed,
+        or cancelled: then by the next `get_kv_connector_stats` once it ended) is
+        reported all the same, so that the scheduler side gives back its pins; its
+        blocks hold unspecified bytes.
+        """
         self._saved_this_step = False
         loads = [
             m
@@ -186,29 +204,57 @@ class StoreWorker:
                 )
         blocks = tuple(b for m in loads for b in m.load_spec.dst_blocks)
         chunks = tuple(c for m in loads for c in m.load_spec.src_chunks)
-        caches = self._sync_in()
+        record = [(m.req_id, list(m.load_spec.src_chunks)) for m in loads]
+        transfers = [GroupTransfer(g, blocks, chunks) for g in range(len(groups.layers))]
         job = next(self._ids)
+        caches: list[Any] = []
         try:
-            engine.submit_load(
-                job, [GroupTransfer(g, blocks, chunks) for g in range(len(groups.layers))]
-            )
-            (result,) = engine.wait([job])
-        finally:
+            with deferred_interrupts():  # a Ctrl-C held here arrives at its end: below
+                caches = self._sync_in()
+                try:
+                    engine.submit_load(job, transfers)
+                except Exception:
+                    self._record_loads(record)  # nothing was queued: its pins go back now
+                    raise
+                self._loads[job] = record
+            engine.join([job])  # blocks; may be interrupted, changes nothing
+        except BaseException:
+            if job in self._loads:
+                with deferred_interrupts():
+                    # Cancelled: it never scatters (the caches stay the runner's);
+                    # `_collect` reports it once it ended (its copies may still run).
+                    engine.discard(job)
+                    self._sync_out(caches)
+            raise
+        with deferred_interrupts():
+            (result,) = engine.wait([job])  # its copies ended: the scatter, at once
+            del self._loads[job]
             self._sync_out(caches)
+            self._record_loads(record)
         if not result.success:
             raise TPUConnectorStateError(
                 f"loading chunks {list(chunks)} into blocks {list(blocks)} failed: "
                 f"{result.error}; the forward would read wrong KV"
             )
-        for m in loads:
-            self._stats.record_load(req=m.req_id, loaded_chunk_ids=list(m.load_spec.src_chunks))
+
+    def _record_loads(self, record: list[tuple[str, list[int]]]) -> None:
+        for req, chunk_ids in record:
+            self._stats.record_load(req=req, loaded_chunk_ids=chunk_ids)
 
     def start_save_kv(self) -> None:
         """Starts the step's saves once (their `wait_for_save` and `get_finished` both
-        call it); the gathers are dispatched now, the copies finish in the background."""
+        call it); the gathers are dispatched now, the copies finish in the background.
+
+        A request whose save cannot be submitted (its `src_blocks` and `dst_chunks` do
+        not pair one to one, or the engine refuses them, e.g. a block out of range)
+        fails alone, as in their worker (non-batched, their default: it logs the request
+        and saves the others); unlike theirs, its chunks are reported failed
+        (`Hub.fail_saves`), so that the scheduler side frees them instead of keeping
+        them write-pending. The step's saves are submitted and recorded with SIGINT
+        held (whole, or not at all: an interrupt arrives after them).
+        """
         if self._saved_this_step:
             return
-        self._saved_this_step = True
         saves = []
         for m in self._metadata():
             spec = m.save_spec
@@ -220,31 +266,63 @@ class StoreWorker:
                 continue
             if spec.src_blocks:
                 saves.append(m)
+        self._saved_this_step = True
         if not saves:
             return
         engine, groups = self._engine_and_groups()
-        caches = self._sync_in()
+        with deferred_interrupts():
+            caches = self._sync_in()
+            try:
+                for m in saves:
+                    self._submit_save(engine, len(groups.layers), m)
+            finally:
+                self._sync_out(caches)
+
+    def _submit_save(self, engine: TransferEngine, num_groups: int, m: Any) -> None:
+        blocks, chunks = tuple(m.save_spec.src_blocks), tuple(m.save_spec.dst_chunks)
+        if len(blocks) != len(chunks):
+            # The engine alone would accept more chunks than blocks (it checks that the
+            # chunks hold the blocks) and report the unwritten chunks saved.
+            self._fail_save(
+                m.req_id,
+                list(chunks),
+                f"save_spec has {len(blocks)} src_blocks and {len(chunks)} dst_chunks; a "
+                "chunk holds one block, so they must pair one to one (their scheduler's "
+                "_prepare_save_spec builds them so)",
+            )
+            return
+        job = next(self._ids)
         try:
-            for m in saves:
-                blocks, chunks = tuple(m.save_spec.src_blocks), tuple(m.save_spec.dst_chunks)
-                job = next(self._ids)
-                transfers = [GroupTransfer(g, blocks, chunks) for g in range(len(groups.layers))]
-                engine.submit_store(job, transfers)
-                self._saves[job] = (m.req_id, list(chunks))
-        finally:
-            self._sync_out(caches)
+            engine.submit_store(job, [GroupTransfer(g, blocks, chunks) for g in range(num_groups)])
+        except KVOffloadError as exc:  # refused before anything was queued
+            self._fail_save(m.req_id, list(chunks), str(exc))
+            return
+        self._saves[job] = (m.req_id, list(chunks))
+
+    def _fail_save(self, req: str, chunks: list[int], why: str) -> None:
+        logger.warning("request %s: not saving chunks %s: %s", req, chunks, why)
+        self._hub.fail_saves(chunks)
+        self._stats.record_save(req=req, saved_chunk_ids=chunks)
 
     def _collect(self) -> None:
+        """Reports the saves (and the cancelled loads) that ended; SIGINT held, so that
+        a result taken from the engine is reported."""
         if self._engine is None or not self._engine.has_finished():
             return
-        for result in self._engine.get_finished():
-            if result.direction is not Direction.STORE or result.job_id not in self._saves:
-                continue
-            req, chunks = self._saves.pop(result.job_id)
-            if not result.success:
-                logger.warning("saving chunks %s of %s failed: %s", chunks, req, result.error)
-                self._hub.fail_saves(chunks)
-            self._stats.record_save(req=req, saved_chunk_ids=chunks)
+        with deferred_interrupts():
+            for result in self._engine.get_finished():
+                if result.direction is Direction.LOAD:
+                    record = self._loads.pop(result.job_id, None)
+                    if record is not None:  # cancelled by an interrupt, ended now
+                        self._record_loads(record)
+                    continue
+                if result.job_id not in self._saves:
+                    continue
+                req, chunks = self._saves.pop(result.job_id)
+                if not result.success:
+                    logger.warning("saving chunks %s of %s failed: %s", chunks, req, result.error)
+                    self._hub.fail_saves(chunks)
+                self._stats.record_save(req=req, saved_chunk_ids=chunks)
 
     def get_kv_connector_stats(self) -> Any:
         self._collect()
