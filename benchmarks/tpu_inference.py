@@ -64,9 +64,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--cache-blocks",
         type=_report.int_at_least(2),
-        default=0,
+        default=None,
         help="blocks per layer's cache (default: twice the job's; an engine's is far larger: "
         "on XLA:CPU a bf16 or fp8 scatter copies the whole cache, on a TPU it does not)",
+    )
+    parser.add_argument(
+        "--settle-ms",
+        type=float,
+        default=50.0,
+        help="pause before each timed job, so that none pays for the one before (ms)",
     )
     _report.add_output_args(parser, HERE / "results")
     return parser
@@ -127,7 +133,15 @@ def _jobs(stack, types, roles, connector, caches, m, n: int, bs: int) -> dict:
 
 
 def measure(
-    stack, types, roles, n: int, sweep: dict, dtype_name: str, repeats: int, cache_blocks: int = 0
+    stack,
+    types,
+    roles,
+    n: int,
+    sweep: dict,
+    dtype_name: str,
+    repeats: int,
+    cache_blocks: int | None = None,
+    settle_s: float = 0.0,
 ) -> dict:
     import jax
     from jax.sharding import NamedSharding
@@ -136,7 +150,7 @@ def measure(
     bs, layers = sweep["block_size"], sweep["layers"]
     m, spec = stack.mesh("attn_dp")
     dtype = stack.DTYPES[dtype_name]
-    total = max(2 * n, cache_blocks)
+    total = max(2 * n, cache_blocks or 0)
     total += total % 2  # whole blocks on each of the 2 attn_dp shards
     shape = stack.cache_shape(m, total, bs, sweep["kv_heads"], sweep["head_dim"], dtype)
     page = shape[1:]
@@ -169,6 +183,9 @@ def measure(
     samples: dict[str, list[float]] = {k: [] for k in jobs}
     for _ in range(repeats):  # alternating: drift hits every job alike
         for name, job in jobs.items():
+            # Each job starts once the one before it has drained: on XLA:CPU a job's
+            # leftovers (its freed cache copies) otherwise run into the next one's time.
+            time.sleep(settle_s)
             samples[name].append(_report.median(job, 1))
     t = {k: sorted(v)[len(v) // 2] for k, v in samples.items()}
     row = {"blocks": n, "layers": layers, "cache_shape": "x".join(map(str, shape))}
@@ -238,6 +255,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.dtype,
                 args.repeats,
                 args.cache_blocks,
+                args.settle_ms / 1e3,
             )
         )
     progress.finish()
@@ -264,7 +282,8 @@ def main(argv: list[str] | None = None) -> int:
         Col("ours_load_vs_h2d", "our load/H2D", "x"),
     ]
     note = (
-        f"median of {args.repeats} alternating runs; {args.dtype} RPA v3 caches "
+        f"median of {args.repeats} alternating runs, {args.settle_ms:g} ms apart; "
+        f"{args.dtype} RPA v3 caches "
         f"{rows[0]['cache_shape']} per layer on a {DEVICES}-device attn_dp x model CPU mesh; "
         "theirs: LocalCPUBackend (pinned_host arrays per block); ours: our kernels and pool"
     )
