@@ -42,7 +42,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 from jax_kvoffload._interrupts import deferred_interrupts
 from jax_kvoffload.transfer._job_types import Direction
@@ -94,7 +94,7 @@ class EngineJob:
     started: float
     size_bytes: int
     rows: frozenset[int] = frozenset()
-    payload: Any = None
+    payload: object = None
     discarded: bool = False
     end: EndTime = field(default_factory=EndTime)
 
@@ -213,7 +213,7 @@ class JobCore(Generic[R]):
         rows: frozenset[int] = frozenset(),
         after: Sequence[Future] = (),
         started: float | None = None,
-        payload: Any = None,
+        payload: object = None,
     ) -> None:
         """Queues a job's worker part `work` on `lane`; the job is registered iff this
         returns, or if an interrupt arrives once its work is already running (then
