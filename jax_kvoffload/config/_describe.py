@@ -17,7 +17,7 @@ import json
 from collections.abc import Callable, Mapping
 from fractions import Fraction
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from jax_kvoffload.config import _specs
 from jax_kvoffload.config._engine import (
@@ -49,7 +49,7 @@ SPEC_TYPES: dict[str, type[_specs.KVCacheSpec]] = {
 
 _T = TypeVar("_T")
 # A key's converter: the raw JSON value and its path in, the field's value out.
-_Convert = Callable[[Any, str], object]
+_Convert = Callable[[object, str], object]
 
 
 def _fields(cls: type) -> dict[str, dataclasses.Field]:

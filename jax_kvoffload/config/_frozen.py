@@ -24,6 +24,9 @@ from typing import Any
 
 from jax_kvoffload.config._errors import ConfigFieldError, ConfigTypeError
 
+# Values here are `Any`: JSON-like values of any shape that the user wrote, handed to
+# consumers (ours, vLLM's) that each read and check their own keys; `object` would make
+# every such read cast.
 MAX_DEPTH = 64
 _FIX = "use JSON-like values: str, int, float, bool, None, and lists and dicts of them"
 
