@@ -17,6 +17,18 @@ import importlib
 from types import ModuleType
 from typing import TYPE_CHECKING
 
+__all__ = [
+    "MOSAIC_GPU_IMPORT_ERROR",
+    "TPU_IMPORT_ERROR",
+    "TRITON_IMPORT_ERROR",
+    "gpu_interpret_params",
+    "gpu_interpret_params_type",
+    "plgpu",
+    "pltpu",
+    "pltriton",
+    "tpu_interpret_params",
+]
+
 
 def _try_import(name: str) -> tuple[ModuleType | None, str]:
     try:

@@ -74,7 +74,7 @@ def freeze(value: Any) -> Any:
     return value
 
 
-class _FrozenMapping(frozenset):
+class _FrozenMapping(frozenset[tuple[object, object]]):
     """A frozen mapping's items; it equals only another frozen mapping, never a set."""
 
     __slots__ = ()
@@ -148,7 +148,7 @@ class FrozenDict(Mapping[str, Any]):
     def __eq__(self, other: object) -> bool:
         if isinstance(other, Mapping):
             try:
-                return self._frozen() == freeze(other)
+                return bool(self._frozen() == freeze(other))
             except TypeError:  # the other holds something unhashable: not equal to us
                 return False
         return NotImplemented

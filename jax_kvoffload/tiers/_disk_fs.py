@@ -398,7 +398,9 @@ def removed_dir(dir_fd: int) -> bool:
         return False
 
 
-def stored_length(fd: int, stage: StagingBuffer, namespace: bytes, key: bytes, size: int):
+def stored_length(
+    fd: int, stage: StagingBuffer, namespace: bytes, key: bytes, size: int
+) -> int | None:
     """The payload length of the entry open at `fd` (`size` bytes) if its header is
     whole, names this key and namespace, and agrees with the file's size; else None."""
     head = stage.view(ALIGN)

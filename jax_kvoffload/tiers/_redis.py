@@ -35,9 +35,9 @@ from jax_kvoffload.tiers._crc import warn_if_slow
 from jax_kvoffload.tiers._errors import buffer_size_error
 from jax_kvoffload.tiers._job_runner import JobRunner, TaskResult, byte_runs
 from jax_kvoffload.tiers._redis_cluster import Router
-from jax_kvoffload.tiers._redis_exchange import Exchange, ItemReply
+from jax_kvoffload.tiers._redis_exchange import Exchange, ItemReply, Op
 from jax_kvoffload.tiers._redis_nodes import NodeHealth, NodeLinks
-from jax_kvoffload.tiers._redis_ops import ExistsOp, GetOp, Op, SetOp, is_bad
+from jax_kvoffload.tiers._redis_ops import ExistsOp, GetOp, SetOp, is_bad
 from jax_kvoffload.tiers._resp import Endpoint, RespServerError
 from jax_kvoffload.tiers._slots import Address
 

@@ -107,7 +107,7 @@ class SlotMap:
     """
 
     nodes: tuple[Address, ...]
-    table: array.array
+    table: array.array[int]
     replicas: tuple[Address, ...] = ()
 
     @classmethod

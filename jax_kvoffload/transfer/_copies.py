@@ -22,7 +22,7 @@ from jax_kvoffload.transfer._buckets import store_pieces
 from jax_kvoffload.transfer._caches import GroupCaches
 from jax_kvoffload.transfer._job_checks import CheckedTransfer
 from jax_kvoffload.transfer._rpa_pages import canonical_sharding, merge_into_pages, to_canonical
-from jax_kvoffload.transfer._sharded_io import distinct_shards, fetch_sharded
+from jax_kvoffload.transfer._sharded_io import Shard, distinct_shards, fetch_sharded
 from jax_kvoffload.transfer._staging import HostBuffers, bucket_for, replicated, to_host
 
 
@@ -222,7 +222,7 @@ class StagedCopies:
         receives only its shard, read from the rows straight into its own buffer."""
         dtype = self._caches[group].arrays[0].dtype
 
-        def read(shards):
+        def read(shards: list[Shard]) -> None:
             self._pool.move_shards(group, t.chunk_ids, first, shape, dtype, shards, store=False)
 
         return fetch_sharded(read, self._buffers.take, shape, dtype, sharding)

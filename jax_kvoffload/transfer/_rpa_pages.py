@@ -48,7 +48,9 @@ def check_rpa_heads(
     return heads
 
 
-def host_page_shape(arrays: Sequence[jax.Array], layout: pk.KVLayout, heads: int | None) -> tuple:
+def host_page_shape(
+    arrays: Sequence[jax.Array], layout: pk.KVLayout, heads: int | None
+) -> tuple[int, ...]:
     """`(len(arrays), *page)` of one block on the host: canonical for RPA with heads."""
     shape = tuple(arrays[0].shape)
     if heads is None:

@@ -131,7 +131,7 @@ def word_bytes(cache: jax.Array, layout: KVLayout, config: object, *, widen: boo
     (``widen``) or the element width."""
     from .layout import default_word_bytes
 
-    w = getattr(config, "word_bytes", None)
+    w: int | None = getattr(config, "word_bytes", None)
     if w is None:
         if not widen:
             return np.dtype(cache.dtype).itemsize
