@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, TypeGuard, TypeVar, cast
+from typing import TypeGuard, TypeVar, cast
 
 import jax
 import numpy as np
@@ -95,8 +95,8 @@ def _devices(x: object) -> frozenset[jax.Device] | None:
     return frozenset(x.sharding.device_set) if _is_concrete(x) else None
 
 
-def _show_devices(x: Any) -> str:
-    ids = sorted(d.id for d in x.sharding.device_set)
+def _show_devices(x: jax.Array) -> str:
+    ids = sorted(d.id for d in x.sharding.device_set)  # type: ignore[attr-defined]
     return f"devices {ids}" if len(ids) > 1 else f"device {ids[0]}"
 
 
