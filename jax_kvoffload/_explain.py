@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TypedDict
 
 from jax_kvoffload.config import OffloadingConfig, build_offloading_config
 from jax_kvoffload.config.internals import (
+    Certification,
     Verdict,
     certify,
     get_offloading_group_ids,
@@ -16,7 +17,14 @@ from jax_kvoffload.config.internals import (
 _MARK = {True: "yes", False: "NO ", None: " - "}
 
 
-def explain_file(path: str) -> dict[str, Any]:
+class Explanation(TypedDict):
+    """What `explain_file` found: the config and the certification behind its flags."""
+
+    config: OffloadingConfig
+    certification: Certification
+
+
+def explain_file(path: str) -> Explanation:
     """Builds the config described in `path` and the verdicts behind its three flags."""
     engine, kv = load_description(path)
     config = build_offloading_config(engine, kv)
@@ -25,13 +33,13 @@ def explain_file(path: str) -> dict[str, Any]:
     return {"config": config, "certification": cert}
 
 
-def _verdict_rows(verdicts: tuple[Verdict, ...]) -> list[dict[str, Any]]:
+def _verdict_rows(verdicts: tuple[Verdict, ...]) -> list[dict[str, object]]:
     return [{"check": v.name, "passed": v.passed} for v in verdicts]
 
 
-def as_json(result: dict[str, Any]) -> str:
+def as_json(result: Explanation) -> str:
     """Strict JSON (`allow_nan=False`: the loader refuses NaN and Infinity already)."""
-    config: OffloadingConfig = result["config"]
+    config = result["config"]
     cert = result["certification"]
     return json.dumps(
         {
@@ -60,8 +68,8 @@ def _gate(title: str, value: bool, verdicts: tuple[Verdict, ...]) -> list[str]:
     return lines
 
 
-def as_text(result: dict[str, Any]) -> str:
-    config: OffloadingConfig = result["config"]
+def as_text(result: Explanation) -> str:
+    config = result["config"]
     cert = result["certification"]
     lines = ["OffloadingConfig"]
     for g in config.groups:

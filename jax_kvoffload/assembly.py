@@ -17,7 +17,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from jax_kvoffload.config import HostTierConfig, OffloadingConfig, TierConfigError, VllmTierConfig
 from jax_kvoffload.config.internals import kind_names_in_words
@@ -72,12 +71,12 @@ def build_store(host: HostTierConfig, num_chunks: int, *, enable_events: bool) -
     return HostStore(num_chunks, enable_events=enable_events, **host.store_kwargs())
 
 
-def engine_pages(caches: Mapping[int, GroupCaches]) -> list[dict[str, Any]]:
+def engine_pages(caches: Mapping[int, GroupCaches]) -> list[dict[str, object]]:
     """How a JAX engine's caches lay out one block, per group: what a tier namespace
     needs beyond the config, which names neither the page format (NHD, HND, ...) nor
     how K and V are arranged nor the page's shape (heads, head size). Global arrays
     give the same pages on any mesh, so this does not depend on the sharding."""
-    out = []
+    out: list[dict[str, object]] = []
     for g in sorted(caches):
         gc = caches[g]
         first = gc.arrays[0]

@@ -17,10 +17,13 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol, TypedDict
 
 __all__ = [
     "OffloadStats",
+    "StoreCountsView",
+    "StoreSide",
+    "StoreView",
     "TierSource",
     "TierStats",
     "TransferTally",
@@ -174,6 +177,7 @@ class OffloadStats:
 
     def since(self, earlier: OffloadStats) -> OffloadStats:
         """The counts between `earlier` and this snapshot (gauges: this snapshot's)."""
+        # Field name -> a value of that field's own type: one dict for `OffloadStats(**out)`.
         out: dict[str, Any] = {}
         for f in dataclasses.fields(self):
             now, then = getattr(self, f.name), getattr(earlier, f.name)
@@ -188,7 +192,7 @@ class OffloadStats:
                 out[f.name] = now - then
         return OffloadStats(**out)
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         """JSON-ready: the fields, with `hit_rate`, and per direction `jobs` and
         `bytes_per_second` added."""
         out = dataclasses.asdict(self)
@@ -208,30 +212,90 @@ class TransferTally:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        # direction -> [completed, failed, bytes, seconds]
-        self._sums: dict[bool, list[Any]] = {True: [0, 0, 0, 0.0], False: [0, 0, 0, 0.0]}
+        # direction -> [completed, failed, bytes], and its seconds
+        self._counts: dict[bool, list[int]] = {True: [0, 0, 0], False: [0, 0, 0]}
+        self._seconds: dict[bool, float] = {True: 0.0, False: 0.0}
 
     def record(self, store: bool, success: bool, size_bytes: int, seconds: float) -> None:
         """Counts one reported job (`store`: True for device -> host)."""
         with self._lock:
-            sums = self._sums[store]
+            counts = self._counts[store]
             if success:
-                sums[0] += 1
-                sums[2] += size_bytes
-                sums[3] += seconds
+                counts[0] += 1
+                counts[2] += size_bytes
+                self._seconds[store] += seconds
             else:
-                sums[1] += 1
+                counts[1] += 1
 
     def totals(self) -> tuple[TransferTotals, TransferTotals]:
         """(store, load) totals now."""
         with self._lock:
-            store, load = list(self._sums[True]), list(self._sums[False])
-        return TransferTotals(*store), TransferTotals(*load)
+            return self._totals(True), self._totals(False)
+
+    def _totals(self, store: bool) -> TransferTotals:
+        completed, failed, size = self._counts[store]
+        return TransferTotals(completed, failed, size, self._seconds[store])
+
+
+class StoreCountsView(Protocol):
+    """The cumulative counters `store_side` reads (`jax_kvoffload.store.StoreCounters`)."""
+
+    @property
+    def lookups(self) -> int: ...
+    @property
+    def lookup_hits(self) -> int: ...
+    @property
+    def lookup_hits_pending(self) -> int: ...
+    @property
+    def lookup_misses(self) -> int: ...
+    @property
+    def stores_completed(self) -> int: ...
+    @property
+    def stores_failed(self) -> int: ...
+    @property
+    def allocation_failures(self) -> int: ...
+    @property
+    def evictions(self) -> int: ...
+
+
+class StoreView(Protocol):
+    """What `store_side` reads of a host store (`jax_kvoffload.store.HostStore`): a
+    protocol, since stats sits below store (`tests/test_layering.py`)."""
+
+    @property
+    def num_chunks(self) -> int: ...
+    @property
+    def num_occupied_chunks(self) -> int: ...
+    @property
+    def num_evictable_chunks(self) -> int: ...
+    @property
+    def cache_generation(self) -> int: ...
+    def counters(self) -> StoreCountsView: ...
+
+
+class StoreSide(TypedDict):
+    """The `OffloadStats` fields `store_side` fills (the keyword arguments it gives)."""
+
+    lookups: int
+    hits: int
+    hits_pending: int
+    misses: int
+    hit_tokens: int | None
+    stores_completed: int
+    stores_failed: int
+    stores_dropped: int
+    evictions: int
+    resets: int
+    num_chunks: int
+    occupied_chunks: int
+    occupancy_perc: float
+    cpu_cache_usage_perc: float
+    tiers: tuple[TierStats, ...]
 
 
 def store_side(
-    store: Any, hit_tokens: int | None, tiers: Sequence[TierStats] = ()
-) -> dict[str, Any]:
+    store: StoreView, hit_tokens: int | None, tiers: Sequence[TierStats] = ()
+) -> StoreSide:
     """The `OffloadStats` fields a `HostStore` answers, read without draining it.
 
     `store.counters()` copies the cumulative counters; the gauges come from the

@@ -15,7 +15,19 @@ from __future__ import annotations
 
 import importlib
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+__all__ = [
+    "MOSAIC_GPU_IMPORT_ERROR",
+    "TPU_IMPORT_ERROR",
+    "TRITON_IMPORT_ERROR",
+    "gpu_interpret_params",
+    "gpu_interpret_params_type",
+    "plgpu",
+    "pltpu",
+    "pltriton",
+    "tpu_interpret_params",
+]
 
 
 def _try_import(name: str) -> tuple[ModuleType | None, str]:
@@ -48,13 +60,13 @@ def gpu_interpret_params_type() -> type | None:
     return cls
 
 
-def gpu_interpret_params() -> Any | None:
+def gpu_interpret_params() -> object | None:
     """The Mosaic GPU interpreter's default params, or None where jax lacks one."""
     cls = gpu_interpret_params_type()
     return cls() if cls is not None else None
 
 
-def tpu_interpret_params() -> Any | None:
+def tpu_interpret_params() -> object | None:
     """The TPU interpreter's params (HBM/VMEM/SMEM, DMA and semaphore simulation)."""
     cls = getattr(pltpu, "InterpretParams", None) if pltpu is not None else None
     return cls() if cls is not None else None

@@ -161,7 +161,7 @@ class OffloadingConfig:
         object.__setattr__(out, "kv_cache_layout", kv_cache_layout)
         return out
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         """A JSON-ready dict (tuples become lists); `from_dict` inverts it."""
         return {
             "groups": [_plain(g) for g in self.groups],
@@ -180,6 +180,7 @@ class OffloadingConfig:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> OffloadingConfig:
         """Builds a config from `to_dict()` output; unknown or missing keys are errors."""
+        # `data` stays Any-valued: its values go to the constructors, which check each.
         _check_keys(cls, data, "OffloadingConfig")
         return cls(
             groups=tuple(
@@ -204,11 +205,11 @@ def _check_type(field: str, value: object, cls: type) -> None:
         raise ConfigTypeError(field, f"must be a {cls.__name__}, got {type(value).__name__}")
 
 
-def _plain(obj: DataclassInstance) -> dict[str, Any]:
+def _plain(obj: DataclassInstance) -> dict[str, object]:
     return {f.name: thaw(getattr(obj, f.name)) for f in fields(obj)}
 
 
-def _check_keys(cls: type, data: Mapping[str, Any], where: str) -> None:
+def _check_keys(cls: type, data: object, where: str) -> None:
     if not isinstance(data, Mapping):
         raise ConfigTypeError(where, f"must be a mapping (a dict), got {type(data).__name__}")
     known = {f.name for f in fields(cls)}

@@ -17,7 +17,7 @@ import json
 from collections.abc import Callable, Mapping
 from fractions import Fraction
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from jax_kvoffload.config import _specs
 from jax_kvoffload.config._engine import (
@@ -49,10 +49,10 @@ SPEC_TYPES: dict[str, type[_specs.KVCacheSpec]] = {
 
 _T = TypeVar("_T")
 # A key's converter: the raw JSON value and its path in, the field's value out.
-_Convert = Callable[[Any, str], object]
+_Convert = Callable[[object, str], object]
 
 
-def _fields(cls: type) -> dict[str, dataclasses.Field]:
+def _fields(cls: type) -> dict[str, dataclasses.Field[object]]:
     return {f.name: f for f in dataclasses.fields(cls) if f.init}
 
 
@@ -94,7 +94,7 @@ def _json_type(value: object) -> str:
     return names.get(type(value), "a number")
 
 
-def _tuple(value: object, path: str) -> tuple:
+def _tuple(value: object, path: str) -> tuple[object, ...]:
     if not isinstance(value, list):
         raise ConfigFieldError(path, f"expected a list, got {_json_type(value)}")
     return tuple(value)
@@ -144,13 +144,13 @@ def _layer_specs(value: object, path: str) -> dict[str, _specs.KVCacheSpec]:
 
 
 def kv_cache_config_from_dict(data: object, path: str = "kv_cache") -> KVCacheConfig:
-    def tensors(value: object, where: str) -> tuple:
+    def tensors(value: object, where: str) -> tuple[KVCacheTensor, ...]:
         return tuple(
             _build(KVCacheTensor, t, f"{where}[{i}]", {"layers": _tuple})
             for i, t in enumerate(_tuple(value, where))
         )
 
-    def groups(value: object, where: str) -> tuple:
+    def groups(value: object, where: str) -> tuple[KVCacheGroupSpec, ...]:
         return tuple(
             _build(
                 KVCacheGroupSpec,

@@ -24,7 +24,7 @@ _ALIASES = {
 }
 
 # Names numpy itself does not know (ml_dtypes registers the scalar types, not the names).
-_ML_DTYPES = {
+_ML_DTYPES: dict[str, np.dtype] = {
     name: np.dtype(getattr(ml_dtypes, name))
     for name in (
         "bfloat16",

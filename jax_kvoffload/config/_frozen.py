@@ -24,6 +24,9 @@ from typing import Any
 
 from jax_kvoffload.config._errors import ConfigFieldError, ConfigTypeError
 
+# Values here are `Any`: JSON-like values of any shape that the user wrote, handed to
+# consumers (ours, vLLM's) that each read and check their own keys; `object` would make
+# every such read cast.
 MAX_DEPTH = 64
 _FIX = "use JSON-like values: str, int, float, bool, None, and lists and dicts of them"
 
@@ -71,7 +74,7 @@ def freeze(value: Any) -> Any:
     return value
 
 
-class _FrozenMapping(frozenset):
+class _FrozenMapping(frozenset[tuple[object, object]]):
     """A frozen mapping's items; it equals only another frozen mapping, never a set."""
 
     __slots__ = ()
@@ -145,7 +148,7 @@ class FrozenDict(Mapping[str, Any]):
     def __eq__(self, other: object) -> bool:
         if isinstance(other, Mapping):
             try:
-                return self._frozen() == freeze(other)
+                return bool(self._frozen() == freeze(other))
             except TypeError:  # the other holds something unhashable: not equal to us
                 return False
         return NotImplemented

@@ -12,13 +12,13 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 from jax_kvoffload.config._errors import ConfigFieldError, ConfigTypeError
 from jax_kvoffload.config._frozen import FrozenDict
 from jax_kvoffload.config._tiers import TierConfig, parse_secondary_tiers
 
-__all__ = ["CACHE_LAYOUTS", "HOST_POOLS", "HostTierConfig", "host_tier_config"]
+__all__ = ["CACHE_LAYOUTS", "HOST_POOLS", "HostTierConfig", "StoreKwargs", "host_tier_config"]
 
 #: Host pool implementations: "numpy" (rows allocated once; a host copy per store) or
 #: "pinned" (the host arrays `jax.device_put` returns are the rows; JAX engines only).
@@ -38,6 +38,15 @@ CACHE_LAYOUTS = (
 DEFAULT_TIER_POLL_INTERVAL_S = 0.001
 
 _KEY = "kv_connector_extra_config[{!r}]"
+
+
+class StoreKwargs(TypedDict):
+    """The `HostStore` keyword arguments of a host tier (`HostTierConfig.store_kwargs`)."""
+
+    eviction_policy: str
+    cache_policy_module_path: str | None
+    store_threshold: int
+    max_tracker_size: int
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -78,7 +87,7 @@ class HostTierConfig:
     MANAGER_KEYS = ("eviction_policy", "cache_policy_module_path", "store_threshold",
                     "max_tracker_size")  # fmt: skip
 
-    def store_kwargs(self) -> dict[str, Any]:
+    def store_kwargs(self) -> StoreKwargs:
         """`HostStore` keyword arguments (a threshold below 2 and a negative tracker size
         as vLLM treats them: off, and tracking nothing)."""
         return {
@@ -92,6 +101,7 @@ class HostTierConfig:
 def _int(key: str, value: Any, *, strict: bool = False) -> int:
     """`int(value)` as vLLM reads the key (a float truncates, as there); `strict` also
     refuses bools and floats (a byte budget is never truncated)."""
+    # `value` stays Any: `int()` itself decides what converts (its TypeError is the check).
     where = _KEY.format(key)
     if strict and (isinstance(value, bool) or not isinstance(value, (int, str))):
         raise ConfigTypeError(

@@ -9,11 +9,13 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TypeVar
 
 from jax_kvoffload.config import _validate as v
 from jax_kvoffload.config._errors import ConfigFieldError, ConfigTypeError
 from jax_kvoffload.config._specs import KVCacheSpec
+
+_T = TypeVar("_T")
 
 
 class KVCacheLayout(enum.Enum):
@@ -36,7 +38,7 @@ def layout_name(value: object, field: str = "kv_cache_layout") -> str | None:
     return v.check_optional_str(field, value)
 
 
-def _items(field: str, value: object, cls: type) -> tuple[Any, ...]:
+def _items(field: str, value: object, cls: type[_T]) -> tuple[_T, ...]:
     if isinstance(value, (str, set, frozenset, Mapping)) or not isinstance(value, Iterable):
         raise ConfigTypeError(
             field,

@@ -13,12 +13,14 @@ import difflib
 import enum
 import functools
 import inspect
-from collections.abc import Callable, Iterable
-from typing import Any, TypeVar
+from collections.abc import Callable, Iterable, Mapping
+from typing import ParamSpec, TypeVar
 
 from jax_kvoffload.config._errors import KVOffloadError, KVOffloadTypeError
 
 _T = TypeVar("_T")
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
 
 class SignatureError(KVOffloadTypeError):
@@ -38,7 +40,7 @@ def _show(value: object) -> str:
 
 
 def _error(
-    name: str, sig: inspect.Signature, kwargs: dict[str, Any], bad: TypeError
+    name: str, sig: inspect.Signature, kwargs: Mapping[str, object], bad: TypeError
 ) -> SignatureError:
     params = [p for p in sig.parameters if p not in ("self", "cls")]
     listed = ", ".join(params)
@@ -60,13 +62,13 @@ def _error(
     )
 
 
-def _wrap(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
+def _wrap(fn: Callable[_P, _R], name: str) -> Callable[_P, _R]:
     if getattr(fn, "_checked_arguments", False):
         return fn
     sig = inspect.signature(fn)
 
     @functools.wraps(fn)
-    def call(*args: Any, **kwargs: Any) -> Any:
+    def call(*args: _P.args, **kwargs: _P.kwargs) -> _R:
         try:
             return fn(*args, **kwargs)
         except TypeError as e:

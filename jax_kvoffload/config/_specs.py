@@ -13,7 +13,7 @@ import enum
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import TYPE_CHECKING, Protocol, cast
 
 import numpy as np
 
@@ -119,7 +119,7 @@ def _quant_mode(value: object) -> KVQuantMode:
         ) from None
 
 
-def _sequence(field: str, value: object) -> tuple[Any, ...]:
+def _sequence(field: str, value: object) -> tuple[object, ...]:
     if isinstance(value, (str, set, frozenset, Mapping)) or not isinstance(value, Iterable):
         raise ConfigTypeError(field, f"must be a tuple, got {type(value).__name__}")
     return tuple(value)

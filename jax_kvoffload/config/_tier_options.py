@@ -54,9 +54,9 @@ class TierOptions:
 
         return kind_of(self).name
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         """Our shape, `{"type": "disk", ...}`; `parse_secondary_tiers` inverts it."""
-        out: dict[str, Any] = {"type": self.type}
+        out: dict[str, object] = {"type": self.type}
         for f in fields(self):
             value = getattr(self, f.name)
             if value != f.default:
@@ -64,7 +64,8 @@ class TierOptions:
         return out
 
     def to_vllm_dict(self) -> dict[str, Any]:
-        """vLLM's out-of-tree shape, for `TieringOffloadingSpec`'s `secondary_tiers`."""
+        """vLLM's out-of-tree shape, for `TieringOffloadingSpec`'s `secondary_tiers`
+        (values as loose as vLLM's factory reads them: the bridge merges `backpressure`)."""
         from jax_kvoffload.config._tier_kinds import VLLM_MODULE, kind_of
 
         out = self.to_dict()

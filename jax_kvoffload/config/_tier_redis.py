@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Any, ClassVar
+from typing import ClassVar, cast
 
 from jax_kvoffload.config._tier_options import TierOptions, set_checked
 from jax_kvoffload.config._tier_values import (
     MAX_THREADS,
+    RedisUrl,
     TierConfigError,
     check_bool,
     check_cluster,
@@ -121,7 +122,7 @@ class RedisTierConfig(TierOptions):
     __str__ = __repr__
 
     @property
-    def endpoint(self) -> dict[str, Any]:
+    def endpoint(self) -> RedisUrl:
         """The parsed URL: scheme, host, port, path (unix), db, username, password."""
         return parse_redis_url(type(self).__name__, "url", self.url)
 
@@ -130,6 +131,6 @@ class RedisTierConfig(TierOptions):
         """`(host, port)` of each of `seed_urls`."""
         w = type(self).__name__
         return tuple(
-            (ep["host"], ep["port"])
+            (cast(str, ep["host"]), ep["port"])  # seeds are TCP URLs (`check_cluster`)
             for ep in (parse_redis_url(w, "seed_urls", u) for u in self.seed_urls)
         )

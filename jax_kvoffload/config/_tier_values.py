@@ -11,7 +11,7 @@ import numbers
 import re
 import urllib.parse
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypedDict
 
 from jax_kvoffload.config._errors import OffloadConfigError
 from jax_kvoffload.config._frozen import FrozenDict
@@ -20,6 +20,7 @@ __all__ = [
     "ABSENT",
     "MAX_SECONDS",
     "MAX_THREADS",
+    "RedisUrl",
     "TierConfigError",
     "check_bool",
     "check_cluster",
@@ -70,6 +71,11 @@ MAX_SIZE = 2**63 - 1
 
 def _is_int(value: object) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+# The checks below take `value: Any` (a raw JSON or Python value): they accept any
+# `numbers.Integral` / `numbers.Real` (numpy scalars too), and typeshed's numbers ABCs
+# support no comparison with an int, so narrowing to them would not type-check either.
 
 
 def check_size(where: str, key: str, value: Any, *, minimum: int = 1) -> int:
@@ -156,7 +162,19 @@ def check_common(
     return locality, backpressure, check_bool(where, "enable_kv_events", events)
 
 
-def parse_redis_url(where: str, key: str, url: object) -> dict[str, Any]:
+class RedisUrl(TypedDict):
+    """The parts of a Redis URL (`parse_redis_url`)."""
+
+    scheme: str  # "redis", "rediss" or "unix"
+    host: str | None  # None for unix://
+    port: int
+    path: str | None  # the socket's path, unix:// only
+    db: int
+    username: str | None
+    password: str | None
+
+
+def parse_redis_url(where: str, key: str, url: object) -> RedisUrl:
     """The parts of a `redis://`, `rediss://` or `unix://` URL (see `RedisTierConfig`)."""
     if not isinstance(url, str) or not url or "\0" in url:
         raise TierConfigError(where, key, url, 'must be a URL like "redis://127.0.0.1:6379/0"')

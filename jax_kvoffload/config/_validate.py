@@ -12,7 +12,7 @@ import dataclasses
 import numbers
 from collections.abc import Callable, Iterable
 from fractions import Fraction
-from typing import TYPE_CHECKING, Any, TypeGuard, TypeVar
+from typing import TYPE_CHECKING, TypeGuard, TypeVar
 
 import numpy as np
 
@@ -116,7 +116,9 @@ def check_names(field: str, value: object) -> tuple[str, ...]:
     return names
 
 
-def set_fields(obj: object, check: Callable[..., object], names: Iterable[str], **kw: Any) -> None:
+def set_fields(
+    obj: object, check: Callable[..., object], names: Iterable[str], **kw: object
+) -> None:
     """Applies `check(name, value, **kw)` to each named field of `obj` and stores the result."""
     for name in names:
         object.__setattr__(obj, name, check(name, getattr(obj, name), **kw))
@@ -144,7 +146,7 @@ def optional_str_fields(obj: object, *names: str) -> None:
     set_fields(obj, check_optional_str, names)
 
 
-def from_trusted_fields(cls: type[_T], /, **values: Any) -> _T:
+def from_trusted_fields(cls: type[_T], /, **values: object) -> _T:
     """An instance of the config dataclass `cls` holding `values` as they are, without
     the constructor's checks.
 
@@ -157,7 +159,7 @@ def from_trusted_fields(cls: type[_T], /, **values: Any) -> _T:
     post-init would derive (`head_size_v`, an MLA `page_size_padded`, a wrapper's
     `dcp_sharded`) must be given as vLLM derived them.
     """
-    obj: Any = object.__new__(cls)
+    obj: _T = object.__new__(cls)
     for f in dataclasses.fields(cls):
         if f.name in values:
             value = values.pop(f.name)

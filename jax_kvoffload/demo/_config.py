@@ -12,8 +12,9 @@ from __future__ import annotations
 import os
 import socket
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 __all__ = [
     "DemoConfigError",
@@ -353,7 +354,7 @@ def _check_any_reachable(spec: str, urls: list[str]) -> None:
     raise failures[0]
 
 
-def _check_reachable(spec: str, endpoint: dict, kind: str = "redis") -> None:
+def _check_reachable(spec: str, endpoint: Mapping[str, Any], kind: str = "redis") -> None:
     if endpoint["scheme"] == "unix":
         family, address, where = socket.AF_UNIX, endpoint["path"], endpoint["path"]
     else:

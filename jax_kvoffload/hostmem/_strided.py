@@ -92,7 +92,9 @@ class StridedCopy:
         return _view(rows, self.canonical, self._shape(rows.shape[0]), self.canonical_steps)
 
 
-def _view(rows: np.ndarray, offset: int, shape: tuple[int, ...], steps: tuple[int, int]):
+def _view(
+    rows: np.ndarray, offset: int, shape: tuple[int, ...], steps: tuple[int, int]
+) -> np.ndarray:
     if not rows.flags.c_contiguous or rows.dtype != np.uint8:
         raise ValueError("block rows must be a C-contiguous uint8 array")
     base = rows.reshape(-1)[offset:]
@@ -105,7 +107,7 @@ def merge_copies(copies: Iterable[StridedCopy]) -> list[StridedCopy]:
     A copy joins the latest family of the same fragment shape when it sits exactly one
     layer step after that family's last layer (the first join sets the steps)."""
     out: list[StridedCopy] = []
-    latest: dict[tuple, int] = {}
+    latest: dict[tuple[int, int, int, int], int] = {}
     for c in copies:
         key = (c.size, c.fragments, c.local_steps[1], c.canonical_steps[1])
         i = latest.get(key)
@@ -236,9 +238,9 @@ def copy_rows(
     _run(tasks)
 
 
-def _fancy(dst, dst_rows, src, src_rows) -> None:
+def _fancy(dst: np.ndarray, dst_rows: np.ndarray, src: np.ndarray, src_rows: np.ndarray) -> None:
     dst[dst_rows] = src[src_rows]
 
 
-def _slices(dst, src, d: int, s: int, n: int, step: int) -> None:
+def _slices(dst: np.ndarray, src: np.ndarray, d: int, s: int, n: int, step: int) -> None:
     dst[d : d + (n - 1) * step + 1 : step] = src[s : s + (n - 1) * step + 1 : step]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -21,6 +21,9 @@ from jax_kvoffload.hostmem.internals import check_indices
 from jax_kvoffload.store import KeyNotReadyError
 from jax_kvoffload.tiers import SecondaryTier
 from jax_kvoffload.transfer import GroupCaches
+
+if TYPE_CHECKING:
+    import jax
 
 
 class OffloaderError(KVOffloadValueError):
@@ -57,7 +60,8 @@ def as_group_caches(config: object, caches: object) -> dict[int, GroupCaches]:
     return out
 
 
-def _named_caches(config: OffloadingConfig, arrays: Sequence[Any]) -> GroupCaches:
+def _named_caches(config: OffloadingConfig, arrays: Sequence[jax.Array]) -> GroupCaches:
+    """The caller's arrays (`GroupCaches` checks each) in the extra config's `cache_layout`."""
     name = host_tier_config(config.extra_config).cache_layout
     if name is None:  # a list where a GroupCaches goes: the wrong type of argument
         raise KVOffloadTypeError(

@@ -39,20 +39,19 @@ from jax_kvoffload.assembly import engine_pages
 from jax_kvoffload.config import OffloadingConfig
 from jax_kvoffload.config.internals import checked_arguments
 from jax_kvoffload.errors import KVOffloadStateError
-from jax_kvoffload.hostmem.internals import check_index
 from jax_kvoffload.offloader._accounting import OffloaderAccounting
-from jax_kvoffload.offloader._cache_checks import check_caches, check_dtype
+from jax_kvoffload.offloader._arguments import OffloaderArguments
+from jax_kvoffload.offloader._cache_checks import check_caches
 from jax_kvoffload.offloader._cascade import TierPath, prefix_chunks
 from jax_kvoffload.offloader._checks import (
     OffloaderError,
     as_group_caches,
     assemble,
     check_flag,
-    check_hashes,
     check_timeout,
     not_loadable,
 )
-from jax_kvoffload.offloader._chunking import chunk_hashes, chunks, store_transfer
+from jax_kvoffload.offloader._chunking import store_transfer
 from jax_kvoffload.offloader._job_book import JobBook
 from jax_kvoffload.offloader._load_plan import locate_missing, prepare_load
 from jax_kvoffload.offloader._tier_stats import TierPathStats
@@ -64,7 +63,6 @@ from jax_kvoffload.store import (
     OffloadingEvent,
     OffloadKey,
     StoreStats,
-    make_offload_key,
 )
 from jax_kvoffload.tiers import SecondaryTier, namespace_digest
 from jax_kvoffload.transfer import (
@@ -74,7 +72,6 @@ from jax_kvoffload.transfer import (
     TransferEngine,
     TransferResult,
 )
-from jax_kvoffload.transfer.internals import check_distinct
 
 __all__ = ["KVOffloader", "OffloaderError", "OffloaderStateError"]
 
@@ -119,7 +116,8 @@ class KVOffloader:
 
     It owns its parts: the host store and pool, the `TransferEngine`, the tier path
     (`TierPath`: cascades and promotions), the job book (`JobBook`: each job until it
-    is reported once) and the accounting behind `stats()`. Each is given the others it
+    is reported once), the accounting behind `stats()` and the checks of each call's
+    arguments (`OffloaderArguments`: group, chunk keys, block rows). Each is given the others it
     needs when it is built; none calls back into the offloader.
     """
 
@@ -138,15 +136,8 @@ class KVOffloader:
         total_kv_heads: int | None = None,
     ) -> None:
         caches = check_caches(config, as_group_caches(config, caches), total_kv_heads)
-        self._groups = {g.group_id: g for g in config.groups}
-        self._num_blocks = {g: gc.num_blocks for g, gc in caches.items()}  # set_caches keeps it
-        self._layouts = {g: gc.layout for g, gc in caches.items()}
-        self._bpc = config.cache.blocks_per_chunk
-        if self._bpc < 1:
-            raise OffloaderError(
-                f"blocks_per_chunk={self._bpc}: 'block_size': 0 in the extra config gives "
-                "chunks of no blocks; set 'blocks_per_chunk' >= 1"
-            )
+        self._args = OffloaderArguments(config, caches)
+        self._bpc = self._args.bpc
         parts = assemble(config, caches, cpu_bytes_to_use, eviction_policy, host_pool, tiers)
         self._store, self._pool = parts.store, parts.pool
         try:
@@ -214,7 +205,7 @@ class KVOffloader:
     def caches(self, group: int | None = None) -> list[jax.Array]:
         """The group's current device arrays (replaced by each completed load)."""
         with self._guard:
-            return self._engine.arrays(self._group(group))
+            return self._engine.arrays(self._args.group(group))
 
     def set_caches(self, arrays: Sequence[jax.Array], group: int | None = None) -> None:
         """Hands back the group's arrays after the engine wrote its own K/V into them.
@@ -228,12 +219,9 @@ class KVOffloader:
         """
         with self._guard:
             self._check_open()
-            g = self._group(group)
-            others = [a for h in self._groups if h != g for a in self._engine.arrays(h)]
-            if isinstance(arrays, (list, tuple)) and all(isinstance(a, jax.Array) for a in arrays):
-                for dtype in {a.dtype for a in arrays}:  # the config's, not just the width
-                    check_dtype(g, self._layouts[g], dtype, self.config.model.dtype)
-                check_distinct([*others, *arrays], "set_caches (all groups)")
+            g = self._args.group(group)
+            others = [a for h in self._args.group_ids if h != g for a in self._engine.arrays(h)]
+            self._args.check_set_caches(g, arrays, others)
             self._engine.set_arrays(g, arrays)
 
     def take_events(self) -> list[OffloadingEvent]:
@@ -257,12 +245,10 @@ class KVOffloader:
         """
         with self._guard:
             self._check_open()
-            g = self._group(group)
+            g = self._args.group(group)
             wait = check_flag("wait", wait)
-            keys = [
-                make_offload_key(h, g) for h in chunk_hashes(check_hashes(block_hashes), self._bpc)
-            ]
-            window = self._groups[g].sliding_window_size_in_chunks
+            keys = self._args.lookup_keys(g, block_hashes)
+            window = self._args.window(g)
             if self._tiers is not None:
                 n, found = self._tier_lookup(g, keys, window, wait)
                 self._stats.on_lookup(g, found, n * self._bpc)  # in the host or a tier
@@ -304,15 +290,8 @@ class KVOffloader:
         """
         with self._guard:
             self._check_open()
-            g = self._group(group)
-            hashes, ids = chunks(block_hashes, block_ids, self._bpc, self._num_blocks[g], g)
-            keys = [make_offload_key(h, g) for h in hashes]
-            window = self._groups[g].sliding_window_size_in_chunks
-            offered = keys if window is None else keys[max(0, len(keys) - window) :]
-            # One chunk per key: the host store allocates one per key *offered* (vLLM's
-            # scheduler never repeats one), and a second chunk under the same key would
-            # stay write-pending for good.
-            offered = list(dict.fromkeys(offered))
+            g = self._args.group(group)
+            keys, ids, offered = self._args.store_chunks(g, block_hashes, block_ids)
             if not offered:
                 return None
             if self._tiers is not None:
@@ -334,18 +313,10 @@ class KVOffloader:
         """
         with self._guard:
             self._check_open()
-            g = self._group(group)
-            hashes, ids = chunks(
-                block_hashes, block_ids, self._bpc, self._num_blocks[g], g, unique=True
-            )
-            window = self._groups[g].sliding_window_size_in_chunks
-            skipped = 0
-            if window is not None:
-                skipped = max(0, len(hashes) - window)
-                hashes, ids = hashes[skipped:], ids[-window:]
-            if not hashes:
+            g = self._args.group(group)
+            keys, ids, skipped = self._args.load_chunks(g, block_hashes, block_ids)
+            if not keys:
                 return None
-            keys = [make_offload_key(h, g) for h in hashes]
             try:
                 return self._start_load(g, keys, ids)
             except (KeyNotStoredError, KeyNotReadyError) as e:
@@ -433,21 +404,11 @@ class KVOffloader:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # -- internals: arguments ----------------------------------------------------------
+    # -- internals -----------------------------------------------------------------------
 
     def _check_open(self) -> None:
         if self._closed:
             raise OffloaderStateError("the offloader is closed; build a new one")
-
-    def _group(self, group: int | None) -> int:
-        if group is None:
-            if len(self._groups) != 1:
-                raise OffloaderError(f"pass group=; this config has groups {sorted(self._groups)}")
-            return next(iter(self._groups))
-        g = check_index("group", group)
-        if g not in self._groups:
-            raise OffloaderError(f"group {g} is not offloaded; groups are {sorted(self._groups)}")
-        return g
 
     # -- internals: jobs ----------------------------------------------------------------
 

@@ -23,7 +23,8 @@ if TYPE_CHECKING:
     from typing_extensions import Buffer as _BufferProtocol
 
     # Any object exporting a contiguous buffer: bytes, memoryview, a numpy array (whose
-    # stubs declare the buffer protocol on Python 3.12+ only).
+    # stubs declare the buffer protocol on Python 3.12+ only: `memoryview(buf)` of a
+    # `Buffer` takes `# type: ignore[arg-type]` for that reason).
     Buffer: TypeAlias = _BufferProtocol | np.ndarray
 else:
     Buffer = Any  # (typing_extensions is not a runtime dependency)

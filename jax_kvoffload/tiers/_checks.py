@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from jax_kvoffload.tiers._entry import MAX_KEY_BYTES
 from jax_kvoffload.tiers._errors import TierKeyError
@@ -40,10 +40,10 @@ def check_keys(keys: Sequence[bytes], name: str = "keys", *, min_bytes: int = 1)
     return keys
 
 
-def byte_view(buf: Any, name: str, *, writable: bool = False) -> memoryview:
+def byte_view(buf: Buffer, name: str, *, writable: bool = False) -> memoryview:
     """`buf` as a flat, contiguous byte view (no copy)."""
     try:
-        view = memoryview(buf)
+        view = memoryview(buf)  # type: ignore[arg-type]
     except TypeError:
         raise TierKeyError(
             f"{name} must support the buffer protocol (bytes, memoryview, numpy array), "

@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -65,10 +65,10 @@ def _slice_tables(n: int) -> np.ndarray:
 _T8 = _slice_tables(8)
 
 
-def crc32c_reference(data: Any, value: int = 0) -> int:
+def crc32c_reference(data: Buffer, value: int = 0) -> int:
     """Bytewise CRC32C, the plain textbook loop (the oracle of the tests; slow)."""
     crc = value ^ 0xFFFFFFFF
-    for b in memoryview(data).cast("B"):
+    for b in memoryview(data).cast("B"):  # type: ignore[arg-type]
         crc = _T0_LIST[(crc ^ b) & 0xFF] ^ (crc >> 8)
     return crc ^ 0xFFFFFFFF
 
@@ -133,9 +133,9 @@ _LANES = 4096  # measured: larger lane counts stop paying off on a 2 MiB buffer
 _SMALL = 256  # below this, the bytewise loop is faster than setting up lanes
 
 
-def crc32c_numpy(data: Any, value: int = 0) -> int:
+def crc32c_numpy(data: Buffer, value: int = 0) -> int:
     """CRC32C with numpy only: lanes in lockstep, then shift-and-xor combination."""
-    buf = np.frombuffer(memoryview(data).cast("B"), dtype=np.uint8)
+    buf = np.frombuffer(memoryview(data).cast("B"), dtype=np.uint8)  # type: ignore[arg-type]
     if buf.size < _SMALL:
         return _bytewise(buf, value)
     # A power-of-two number of lanes of whole little-endian uint64 words; what is left
@@ -170,7 +170,7 @@ def _pick() -> tuple[str, Callable[[Buffer, int], int]]:
         if getattr(google_crc32c, "implementation", "") == "c":
             extend = google_crc32c.extend
 
-            def _google(data: Any, value: int = 0) -> int:
+            def _google(data: Buffer, value: int = 0) -> int:
                 # Its C entry point takes only buffers without a release hook (bytes,
                 # numpy arrays), not memoryviews: a numpy view costs nothing.
                 if not isinstance(data, (bytes, np.ndarray)):

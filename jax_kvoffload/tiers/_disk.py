@@ -144,7 +144,7 @@ class DiskTier(SecondaryTier):
         self._scan_exited = threading.Event()  # and the delayed sweep after it
         self._scan_stop = threading.Event()
         # None only until the constructor has made it (close() after a failed one).
-        self._runner: JobRunner = None  # type: ignore[assignment]
+        self._runner: JobRunner[StagingBuffer] = None  # type: ignore[assignment]
         self._scanner: threading.Thread | None = None
         try:  # threads: one that cannot start stops those before it (out of threads)
             if config.fsync:
@@ -244,7 +244,7 @@ class DiskTier(SecondaryTier):
 
     # ---- store ---------------------------------------------------------------------------
 
-    def _store_task(self, key: bytes, payload: memoryview) -> TaskFn:
+    def _store_task(self, key: bytes, payload: memoryview) -> TaskFn[StagingBuffer]:
         def run(stage: StagingBuffer) -> TaskResult | cf.Future[TaskResult]:
             done = self._store_one(stage, key, payload)
             if isinstance(done, cf.Future):  # the syncer reports it
@@ -349,7 +349,7 @@ class DiskTier(SecondaryTier):
 
     # ---- load ----------------------------------------------------------------------------
 
-    def _load_task(self, index: int, key: bytes, out: memoryview) -> TaskFn:
+    def _load_task(self, index: int, key: bytes, out: memoryview) -> TaskFn[StagingBuffer]:
         def run(stage: StagingBuffer) -> TaskResult:
             ok = self._load_one(stage, key, out)
             self._counters.add(load_hits=ok is True, load_misses=ok is not True)

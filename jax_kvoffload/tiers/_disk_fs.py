@@ -21,8 +21,7 @@ import mmap
 import os
 import stat
 import threading
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -323,7 +322,7 @@ class StagingBuffer:
             self._map = None
 
 
-def write_all(fd: int, bufs: list[Any], total: int) -> None:
+def write_all(fd: int, bufs: Sequence[bytes | memoryview], total: int) -> None:
     # Regular files are written whole or fail; a short count means the disk filled up
     # mid-write, and the next write would say so.
     done = os.pwritev(fd, bufs, 0)
@@ -399,7 +398,9 @@ def removed_dir(dir_fd: int) -> bool:
         return False
 
 
-def stored_length(fd: int, stage: StagingBuffer, namespace: bytes, key: bytes, size: int):
+def stored_length(
+    fd: int, stage: StagingBuffer, namespace: bytes, key: bytes, size: int
+) -> int | None:
     """The payload length of the entry open at `fd` (`size` bytes) if its header is
     whole, names this key and namespace, and agrees with the file's size; else None."""
     head = stage.view(ALIGN)

@@ -26,8 +26,9 @@ import stat
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
+from jax_kvoffload.config import DiskTierConfig
 from jax_kvoffload.tiers._base import Counters
 from jax_kvoffload.tiers._disk_fs import ENTRY_SUFFIX, process_token
 
@@ -137,7 +138,16 @@ class DiskIndex:
         return len(self._lru)
 
 
-def startup_scan(root_fd, config, index, evict, *, stop, done, exited) -> None:
+def startup_scan(
+    root_fd: int,
+    config: DiskTierConfig,
+    index: DiskIndex,
+    evict: Callable[[], None],
+    *,
+    stop: threading.Event,
+    done: threading.Event,
+    exited: threading.Event,
+) -> None:
     """The disk tier's start-up scan (its own thread): indexes the entries under the
     root within `config.rescan_timeout_s`, evicts past the budget, sets `done`; then
     removes the undecided temporary files still unchanged `TMP_GRACE_S` later (unless
@@ -216,7 +226,7 @@ def scan_root(
     return out, True
 
 
-def _subdirs(dir_fd: int, pattern: re.Pattern[str]):
+def _subdirs(dir_fd: int, pattern: re.Pattern[str]) -> Iterator[tuple[str, int]]:
     try:
         with os.scandir(dir_fd) as it:
             names = [e.name for e in it if pattern.match(e.name)]
@@ -231,7 +241,17 @@ def _subdirs(dir_fd: int, pattern: re.Pattern[str]):
         yield name, fd
 
 
-def _scan_leaf(fd, rel_dir, out, me, euid, now, remove, undecided, entries=True) -> None:
+def _scan_leaf(
+    fd: int,
+    rel_dir: str,
+    out: list[tuple[float, str, int]],
+    me: int,
+    euid: int,
+    now: float,
+    remove: Callable[[int, str], None],
+    undecided: list[TmpCandidate] | None,
+    entries: bool = True,
+) -> None:
     try:
         with os.scandir(fd) as it:
             names = [e.name for e in it]
@@ -274,7 +294,9 @@ def _stale_tmp(pid: int, me: int, age: float) -> bool:
     return False
 
 
-def sweep_tmp(root_fd: int, undecided: list[TmpCandidate], remove) -> int:
+def sweep_tmp(
+    root_fd: int, undecided: list[TmpCandidate], remove: Callable[[int, str], None]
+) -> int:
     """Removes the `undecided` temporary files that are still there unchanged (same inode,
     same mtime: no writer touched them for `TMP_GRACE_S`). Returns how many."""
     gone = 0

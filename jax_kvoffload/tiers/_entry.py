@@ -30,12 +30,15 @@ import hashlib
 import json
 import struct
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from jax_kvoffload.config import OffloadingConfig
 from jax_kvoffload.config.canonical import CANONICAL_FORMAT_VERSION, canonical_format_id
 from jax_kvoffload.errors import KVOffloadTypeError, KVOffloadValueError
 from jax_kvoffload.tiers._crc import crc32c
+
+if TYPE_CHECKING:
+    from jax_kvoffload.tiers._base import Buffer
 
 __all__ = [
     "CODECS",
@@ -100,14 +103,14 @@ def encode_header(
 
 
 def check_header(
-    buf: Any, *, namespace: bytes, key: bytes, payload_len: int | None = None
+    buf: Buffer, *, namespace: bytes, key: bytes, payload_len: int | None = None
 ) -> EntryHeader | str:
     """Decodes the header at the start of `buf`; the header, or why it is not acceptable.
 
     `buf` must hold at least `header_length(len(key))` bytes (a short buffer is a
     reason, not an exception). `payload_len`, when given, must match the stored length.
     """
-    mv = memoryview(buf).cast("B")
+    mv = memoryview(buf).cast("B")  # type: ignore[arg-type]
     if len(mv) < FIXED_HEADER_BYTES:
         return "truncated header"
     magic, version, hlen, flags, ns, plen, pcrc, klen, reserved = _FIXED.unpack_from(mv)
@@ -140,7 +143,7 @@ def namespace_fields(
     codec: str = "raw",
     rank: int | None = None,
     pages: object = None,
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """What an entry's bytes depend on, as a JSON-ready dict (the input of the digest).
 
     Args:
@@ -178,7 +181,7 @@ def namespace_fields(
         except (TypeError, ValueError) as e:
             raise KVOffloadTypeError(f"pages must be a JSON value, got {pages!r}: {e}") from None
     portable = rank is None and (config.replicated_layout or _agnostic_rows(config))
-    fields: dict[str, Any] = {
+    fields: dict[str, object] = {
         "model": config.model.name,
         "dtype": config.model.dtype,
         "tokens_per_hash": config.cache.tokens_per_hash,

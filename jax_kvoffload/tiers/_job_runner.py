@@ -17,7 +17,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Generic, TypeVar, overload
 
 from jax_kvoffload._interrupts import deferred_interrupts
 from jax_kvoffload._threads import start_threads
@@ -35,8 +35,17 @@ logger = logging.getLogger(__name__)
 # future does. A third item, a `TierBufferSizeError`, reports a caller's error found
 # by the task (a load buffer of the wrong length): the job's future raises the first.
 TaskResult = tuple[list[bool], int] | tuple[list[bool], int, TierBufferSizeError | None]
-TaskFn = Callable[[Any], "TaskResult | cf.Future[TaskResult]"]
-Task = tuple[int, int, TaskFn]  # keys [start, stop) of the job, and the work
+_S = TypeVar("_S")  # a thread's state: what `make_state` builds and each task is given
+TaskFn = Callable[[_S], "TaskResult | cf.Future[TaskResult]"]
+Task = tuple[int, int, TaskFn[_S]]  # keys [start, stop) of the job, and the work
+
+
+def _no_state(kind: str) -> None:
+    del kind
+
+
+def _no_close(state: object) -> None:
+    del state
 
 
 class _Job:
@@ -66,7 +75,7 @@ class _Job:
         self.lock = threading.Lock()
 
 
-class JobRunner:
+class JobRunner(Generic[_S]):
     """Load and store worker threads with their queues, for one tier.
 
     Args:
@@ -77,6 +86,16 @@ class JobRunner:
       close_state: releases it when the thread ends.
     """
 
+    @overload
+    def __init__(
+        self: JobRunner[None],
+        name: str,
+        read_threads: int,
+        write_threads: int,
+        max_pending_store_bytes: int,
+        counters: Counters,
+    ) -> None: ...
+    @overload
     def __init__(
         self,
         name: str,
@@ -84,15 +103,26 @@ class JobRunner:
         write_threads: int,
         max_pending_store_bytes: int,
         counters: Counters,
-        make_state: Callable[[str], Any] = lambda kind: None,
-        close_state: Callable[[Any], None] = lambda state: None,
+        make_state: Callable[[str], _S],
+        close_state: Callable[[_S], None] = ...,
+    ) -> None: ...
+    def __init__(
+        self,
+        name: str,
+        read_threads: int,
+        write_threads: int,
+        max_pending_store_bytes: int,
+        counters: Counters,
+        # No make_state: a `JobRunner[None]` (the first overload), whose state is None.
+        make_state: Callable[[str], _S] = _no_state,  # type: ignore[assignment]
+        close_state: Callable[[_S], None] = _no_close,
     ) -> None:
         self._counters = counters
         self._limit = max_pending_store_bytes
         self._make_state = make_state
         self._close_state = close_state
         self._cond = threading.Condition()
-        self._queues: dict[str, deque[tuple[_Job, Task]]] = {"load": deque(), "store": deque()}
+        self._queues: dict[str, deque[tuple[_Job, Task[_S]]]] = {"load": deque(), "store": deque()}
         self._pending_store_bytes = 0
         self._inflight = 0
         self._stop = False
@@ -125,7 +155,7 @@ class JobRunner:
         self,
         kind: str,
         keys: Sequence[bytes],
-        tasks: Sequence[Task],
+        tasks: Sequence[Task[_S]],
         nbytes: int,
         *,
         accept: Callable[[], bool] = lambda: True,
@@ -182,9 +212,9 @@ class JobRunner:
             t.join()  # the thread is past its last line
 
     def _work(self, kind: str) -> None:
-        state = None
+        state: _S | None = None
         try:
-            state = self._make_state(kind)
+            state = made = self._make_state(kind)
             queue = self._queues[kind]
             while True:
                 with self._cond:
@@ -193,7 +223,7 @@ class JobRunner:
                         return
                     job, (start, stop, fn) = queue.popleft()
                 try:
-                    result = fn(state)
+                    result = fn(made)
                 except BaseException as e:  # SystemExit too: the thread serves the next task
                     self._finish_checked(job, start, stop, e)
                     continue

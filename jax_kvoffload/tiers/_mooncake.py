@@ -25,7 +25,6 @@ import concurrent.futures as cf
 import functools
 import logging
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 import numpy as np
 
@@ -58,7 +57,7 @@ class _Scratch:
     """One thread's scratch memory (headers, staged rows), registered with Mooncake when
     the transport needs it (RDMA); grown on demand."""
 
-    def __init__(self, store: Any, register: bool) -> None:
+    def __init__(self, store: mc.BufferRegistry, register: bool) -> None:
         self._store, self._register = store, register
         self.array = np.empty(0, np.uint8)
         self.addr = 0
@@ -149,7 +148,8 @@ class MooncakeTier(SecondaryTier):
             self._store.close()
             raise
 
-    def _replicate_config(self) -> Any:
+    def _replicate_config(self) -> object:
+        # Mooncake's `ReplicateConfig` (its package has no types), handed back to it as is.
         from mooncake.store import ReplicateConfig
 
         rc = ReplicateConfig()

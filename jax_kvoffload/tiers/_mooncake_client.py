@@ -23,7 +23,7 @@ import logging
 import socket
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -31,8 +31,12 @@ from jax_kvoffload._log_once import log_once, reset_log_once
 from jax_kvoffload.tiers._base import Counters
 from jax_kvoffload.tiers._errors import TierStateError
 
+if TYPE_CHECKING:
+    from jax_kvoffload.tiers._base import Buffer
+
 __all__ = [
     "PACKAGE",
+    "BufferRegistry",
     "MasterHealth",
     "MooncakeUnavailableError",
     "Regions",
@@ -80,7 +84,7 @@ def code_name(code: int) -> str:
     return _NAMES.get(code, f"error {code}")
 
 
-def import_store() -> Any:
+def import_store() -> Any:  # Mooncake's package has no types
     """The `MooncakeDistributedStore` class; a typed error naming the package if absent."""
     try:
         from mooncake.store import MooncakeDistributedStore
@@ -110,9 +114,9 @@ def address_of(view: memoryview) -> int:
     return np.frombuffer(view, np.uint8).ctypes.data if len(view) else 0
 
 
-def _root(buf: Any) -> Any:
+def _root(buf: Buffer) -> Buffer:
     """The object that owns `buf`'s memory (a numpy view's base, a memoryview's owner)."""
-    obj = memoryview(buf).obj
+    obj = memoryview(buf).obj  # type: ignore[arg-type]
     while True:
         base = getattr(obj, "base", None) if isinstance(obj, np.ndarray) else None
         if isinstance(obj, memoryview):
@@ -122,24 +126,32 @@ def _root(buf: Any) -> Any:
         obj = base
 
 
+class BufferRegistry(Protocol):
+    """The part of Mooncake's `MooncakeDistributedStore` that registers memory with its
+    transfer engine (`Regions`, the tier's scratch); each returns 0 or an error code."""
+
+    def register_buffer(self, addr: int, size: int, /) -> int: ...
+    def unregister_buffer(self, addr: int, /) -> int: ...
+
+
 class Regions:
     """The memory registered with Mooncake (`register_buffer`): a buffer's whole
     exporter, once, when it is large (a host pool's rows; at most `MAX_AUTO_REGIONS`
     so, more by `register`); `close()` unregisters them. Registered exporters are kept
     referenced, so their addresses stay theirs."""
 
-    def __init__(self, store: Any) -> None:
+    def __init__(self, store: BufferRegistry) -> None:
         self._store = store
         self._lock = threading.Lock()
-        self._regions: dict[int, tuple[Any, int, int]] = {}  # id(root) -> (root, addr, n)
+        self._regions: dict[int, tuple[Buffer, int, int]] = {}  # id(root) -> (root, addr, n)
 
-    def register(self, buf: Any) -> bool:
+    def register(self, buf: Buffer) -> bool:
         """Registers `buf`'s exporter (any size); False if Mooncake refused it."""
         root = _root(buf)
         with self._lock:
             if id(root) in self._regions:
                 return True
-            a = np.frombuffer(root, np.uint8)
+            a = np.frombuffer(root, np.uint8)  # type: ignore[arg-type]
             addr, n = a.ctypes.data, a.nbytes
             del a
             rc = self._store.register_buffer(addr, n)
@@ -160,7 +172,7 @@ class Regions:
         entry = self._regions.get(id(root))
         if entry is None:
             try:
-                n = memoryview(root).nbytes
+                n = memoryview(root).nbytes  # type: ignore[arg-type]
             except (TypeError, ValueError):
                 return False
             if n < REGISTER_MIN_BYTES or len(self._regions) >= MAX_AUTO_REGIONS:

@@ -25,7 +25,6 @@ import ssl
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from jax_kvoffload._log_once import log_once
 from jax_kvoffload.config import RedisTierConfig, TierConfigError
@@ -36,9 +35,9 @@ from jax_kvoffload.tiers._crc import warn_if_slow
 from jax_kvoffload.tiers._errors import buffer_size_error
 from jax_kvoffload.tiers._job_runner import JobRunner, TaskResult, byte_runs
 from jax_kvoffload.tiers._redis_cluster import Router
-from jax_kvoffload.tiers._redis_exchange import Exchange
+from jax_kvoffload.tiers._redis_exchange import Exchange, ItemReply, Op
 from jax_kvoffload.tiers._redis_nodes import NodeHealth, NodeLinks
-from jax_kvoffload.tiers._redis_ops import ExistsOp, GetOp, Op, SetOp, is_bad
+from jax_kvoffload.tiers._redis_ops import ExistsOp, GetOp, SetOp, is_bad
 from jax_kvoffload.tiers._resp import Endpoint, RespServerError
 from jax_kvoffload.tiers._slots import Address
 
@@ -131,7 +130,7 @@ class _Thread:
         self.links = NodeLinks(tier._router.connection)
         self.exchange = Exchange(tier._router, tier._health, self.links)
 
-    def run(self, op: Op, rkeys: list[bytes]) -> list[Any]:
+    def run(self, op: Op, rkeys: list[bytes]) -> list[ItemReply]:
         """`exchange.run`; an unexpected exception (the job runner fails the task) closes
         the connections, so the thread's next task never reads this one's replies."""
         try:

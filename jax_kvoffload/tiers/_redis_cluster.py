@@ -28,6 +28,7 @@ from jax_kvoffload._log_once import log_once
 from jax_kvoffload.tiers._redis_nodes import NodeHealth
 from jax_kvoffload.tiers._resp import (
     Endpoint,
+    Reply,
     RespConnection,
     RespConnectionError,
     RespServerError,
@@ -274,7 +275,7 @@ class Router:
         return parse_slots(reply, node[0], loopback_only=self._loopback_only)
 
     @staticmethod
-    def _call(conn: RespConnection, what: bytes):
+    def _call(conn: RespConnection, what: bytes) -> Reply:
         conn.begin()
         conn.send([command(b"CLUSTER", what)])
         return conn.read_reply(max_items=_MAP_ITEMS)

@@ -16,15 +16,23 @@ timeout is not retried.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any
+from collections.abc import Sequence
+from typing import TypeAlias
 
 from jax_kvoffload._log_once import log_once
 from jax_kvoffload.tiers._redis_cluster import Router, logger
 from jax_kvoffload.tiers._redis_nodes import NodeHealth, NodeLinks
-from jax_kvoffload.tiers._resp import RespConnection, RespConnectionError, RespServerError, command
+from jax_kvoffload.tiers._resp import (
+    Part,
+    Reply,
+    RespConnection,
+    RespConnectionError,
+    RespServerError,
+    command,
+)
 from jax_kvoffload.tiers._slots import Address, parse_redirect
 
-__all__ = ["FAILED", "MAX_ROUNDS", "Exchange", "Op"]
+__all__ = ["FAILED", "MAX_ROUNDS", "Exchange", "ItemReply", "Op"]
 
 # Jedis' default (maxAttempts=5); redis-py allows 16. A key that moves more often than
 # that within one batch is in a redirect loop, not in a resharding.
@@ -40,6 +48,8 @@ class _Failed:
 
 
 FAILED = _Failed()
+# An item's outcome in `Exchange.run`: its node's reply, or FAILED.
+ItemReply: TypeAlias = Reply | _Failed
 
 
 class Op(ABC):
@@ -48,14 +58,14 @@ class Op(ABC):
     name: str = ""
 
     @abstractmethod
-    def parts(self, i: int) -> list[Any]:
+    def parts(self, i: int) -> list[Part]:
         """The command of item `i`, as buffers sent without joining them."""
 
     @abstractmethod
-    def read(self, conn: RespConnection, i: int) -> Any:
+    def read(self, conn: RespConnection, i: int) -> Reply:
         """Reads item `i`'s reply: the answer, or the server's `RespServerError`."""
 
-    def after(self, conn: RespConnection, items: list[int], replies: list[Any]) -> None:
+    def after(self, conn: RespConnection, items: list[int], replies: list[Reply]) -> None:
         """Runs on the node just read, once every reply of `items` was read."""
         del conn, items, replies
 
@@ -68,9 +78,9 @@ class Exchange:
         self._health = health
         self._links = links
 
-    def run(self, op: Op, rkeys: list[bytes]) -> list[Any]:
+    def run(self, op: Op, rkeys: list[bytes]) -> list[ItemReply]:
         """Per item: the reply its node gave last (after redirects), or FAILED."""
-        out: list[Any] = [FAILED] * len(rkeys)
+        out: list[ItemReply] = [FAILED] * len(rkeys)
         todo = list(range(len(rkeys)))
         asks: dict[int, Address] = {}
         for _ in range(MAX_ROUNDS):
@@ -82,7 +92,7 @@ class Exchange:
                     self._unserved()
                     continue
                 groups.setdefault((node, i in asks), []).append(i)
-            sent = []
+            sent: list[tuple[Address, bool, list[int], list[Part], RespConnection, bool]] = []
             for (node, asking), items in groups.items():
                 parts = self._parts(op, items, asking)
                 got = self._send(node, parts)
@@ -144,15 +154,15 @@ class Exchange:
         return target, True
 
     @staticmethod
-    def _parts(op: Op, items: list[int], asking: bool) -> list[Any]:
-        parts: list[Any] = []
+    def _parts(op: Op, items: list[int], asking: bool) -> list[Part]:
+        parts: list[Part] = []
         for i in items:
             if asking:
                 parts.append(_ASKING)
             parts += op.parts(i)
         return parts
 
-    def _send(self, node: Address, parts: list[Any]) -> tuple[RespConnection, bool] | None:
+    def _send(self, node: Address, parts: list[Part]) -> tuple[RespConnection, bool] | None:
         """Sends a group; `(connection, whether a fast failure may be retried)`, or None
         if the node is down or the send failed (the node is then down)."""
         conn = self._links.get(node)
@@ -172,10 +182,19 @@ class Exchange:
             if not self._health.ready(node, conn):
                 return None
 
-    def _read(self, node, conn, retry, parts, op: Op, items, asking) -> list[Any]:
+    def _read(
+        self,
+        node: Address,
+        conn: RespConnection,
+        retry: bool,
+        parts: list[Part],
+        op: Op,
+        items: list[int],
+        asking: bool,
+    ) -> Sequence[ItemReply]:
         """The replies of a sent group; FAILED for those not read (the node failed:
         replies read before the failure stand)."""
-        replies: list[Any] = []
+        replies: list[Reply] = []
         try:
             self._read_group(conn, op, items, asking, replies)
         except RespConnectionError as e:
@@ -196,7 +215,9 @@ class Exchange:
         return replies
 
     @staticmethod
-    def _read_group(conn: RespConnection, op: Op, items, asking: bool, replies: list) -> None:
+    def _read_group(
+        conn: RespConnection, op: Op, items: list[int], asking: bool, replies: list[Reply]
+    ) -> None:
         conn.begin()  # each node its own deadline: one that timed out costs the others none
         for i in items:
             if asking:

@@ -7,12 +7,12 @@ writes it whole (single-key writes are atomic on the server), one GET reads it w
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
 
 from jax_kvoffload.tiers._crc import crc32c
 from jax_kvoffload.tiers._entry import check_header, encode_header, header_length
 from jax_kvoffload.tiers._redis_exchange import Op
-from jax_kvoffload.tiers._resp import RespConnection, RespServerError, command
+from jax_kvoffload.tiers._resp import Part, Reply, RespConnection, RespServerError, command
 
 __all__ = ["ExistsOp", "GetOp", "SetOp"]
 
@@ -22,14 +22,20 @@ class SetOp(Op):
 
     name = "SET"
 
-    def __init__(self, namespace: bytes, rkeys: list[bytes], items, ttl_s: int | None) -> None:
+    def __init__(
+        self,
+        namespace: bytes,
+        rkeys: list[bytes],
+        items: Sequence[tuple[bytes, memoryview]],
+        ttl_s: int | None,
+    ) -> None:
         self._namespace = namespace
         self._rkeys = rkeys
         self._items = items
         self._expiry = (b"EX", str(ttl_s).encode()) if ttl_s else ()
-        self._built: dict[int, list[Any]] = {}  # a redirected item is sent again as it was
+        self._built: dict[int, list[Part]] = {}  # a redirected item is sent again as it was
 
-    def parts(self, i: int) -> list[Any]:
+    def parts(self, i: int) -> list[Part]:
         built = self._built.get(i)
         if built is None:
             key, payload = self._items[i]
@@ -46,7 +52,7 @@ class SetOp(Op):
             ]
         return built
 
-    def read(self, conn: RespConnection, i: int) -> Any:
+    def read(self, conn: RespConnection, i: int) -> Reply:
         reply = conn.read_reply()
         if reply != "OK" and not isinstance(reply, RespServerError):
             raise conn.unexpected(reply, "SET")
@@ -61,10 +67,10 @@ class ExistsOp(Op):
     def __init__(self, rkeys: list[bytes]) -> None:
         self._rkeys = rkeys
 
-    def parts(self, i: int) -> list[Any]:
+    def parts(self, i: int) -> list[Part]:
         return [command(b"EXISTS", self._rkeys[i])]
 
-    def read(self, conn: RespConnection, i: int) -> Any:
+    def read(self, conn: RespConnection, i: int) -> Reply:
         reply = conn.read_reply()
         if not isinstance(reply, (int, RespServerError)):
             raise conn.unexpected(reply, "EXISTS")
@@ -79,19 +85,21 @@ class GetOp(Op):
 
     name = "GET"
 
-    def __init__(self, namespace: bytes, rkeys: list[bytes], items) -> None:
+    def __init__(
+        self, namespace: bytes, rkeys: list[bytes], items: Sequence[tuple[bytes, memoryview]]
+    ) -> None:
         self._namespace = namespace
         self._rkeys = rkeys
         self._items = items
 
-    def parts(self, i: int) -> list[Any]:
+    def parts(self, i: int) -> list[Part]:
         return [command(b"GET", self._rkeys[i])]
 
-    def read(self, conn: RespConnection, i: int) -> Any:
+    def read(self, conn: RespConnection, i: int) -> Reply:
         key, out = self._items[i]
         return read_value(conn, self._namespace, key, out)
 
-    def after(self, conn: RespConnection, items: list[int], replies: list[Any]) -> None:
+    def after(self, conn: RespConnection, items: list[int], replies: list[Reply]) -> None:
         # One DEL per key: a cluster refuses a DEL of keys in several slots. A concurrent
         # rewrite may be lost: a future miss, never a wrong byte.
         bad = [self._rkeys[i] for i, r in zip(items, replies, strict=True) if is_bad(r)]

@@ -22,11 +22,11 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import TypeAlias, cast
 
 from jax_kvoffload._threads import start_threads
 
-__all__ = ["Endpoint", "RespConnection", "RespConnectionError", "RespServerError"]
+__all__ = ["Endpoint", "Reply", "RespConnection", "RespConnectionError", "RespServerError"]
 
 _CRLF = b"\r\n"
 _IOV_MAX = 512  # below Linux's 1024 iovec limit per sendmsg
@@ -51,6 +51,22 @@ class RespConnectionError(ConnectionError):
 
 class RespServerError(Exception):
     """The server answered an error reply (e.g. `-OOM`, `-NOAUTH`); the connection is fine."""
+
+
+# One RESP2 reply as `read_reply` returns it: a simple string (+), an integer (:), a bulk
+# string or nil ($), an array of replies (*), or an error reply (-) as its exception.
+Reply: TypeAlias = str | int | bytes | RespServerError | list["Reply"] | None
+# What `send` takes: buffers sent as they are (the command prefix, an entry's header, a
+# host row), never joined.
+Part: TypeAlias = bytes | bytearray | memoryview
+# `getaddrinfo`'s (family, type, proto, canonname, sockaddr).
+_AddrInfo: TypeAlias = tuple[
+    socket.AddressFamily,
+    socket.SocketKind,
+    int,
+    str,
+    tuple[str, int] | tuple[str, int, int, int] | tuple[int, bytes],
+]
 
 
 @dataclass(frozen=True)
@@ -80,7 +96,7 @@ _MAX_STUCK_LOOKUPS = 8
 _lookups_running = threading.BoundedSemaphore(_MAX_STUCK_LOOKUPS)
 
 
-def _resolve(host: str, port: int, timeout: float) -> list[tuple[Any, ...]]:
+def _resolve(host: str, port: int, timeout: float) -> Sequence[_AddrInfo]:
     """`getaddrinfo` bounded by `timeout`: a literal address at once, a name on a daemon
     thread (the C resolver has no timeout of its own: a slow DNS server held a connect
     for its own retries, 5 s or more per server, past `connect_timeout_s`)."""
@@ -90,7 +106,7 @@ def _resolve(host: str, port: int, timeout: float) -> list[tuple[Any, ...]]:
         pass  # a name: look it up with a bound
     if not _lookups_running.acquire(blocking=False):
         raise OSError(f"name lookups of {host!r} hang ({_MAX_STUCK_LOOKUPS} still running)")
-    out: list = []
+    out: list[Sequence[_AddrInfo] | BaseException] = []
     done = threading.Event()
 
     def lookup() -> None:
@@ -109,9 +125,10 @@ def _resolve(host: str, port: int, timeout: float) -> list[tuple[Any, ...]]:
     )
     if not done.wait(timeout):
         raise TimeoutError(f"name lookup of {host!r} took longer than {timeout:g} s")
-    if isinstance(out[0], BaseException):
-        raise out[0]
-    return out[0]
+    got = out[0]
+    if isinstance(got, BaseException):
+        raise got
+    return got
 
 
 def _connect_tcp(host: str, port: int, timeout: float) -> socket.socket:
@@ -237,7 +254,7 @@ class RespConnection:
 
     # ---- sending -----------------------------------------------------------------------
 
-    def send(self, parts: Sequence[Any]) -> None:
+    def send(self, parts: Sequence[Part]) -> None:
         """Sends the concatenation of `parts` (bytes-like) without joining them."""
         try:
             if self.endpoint.tls is not None:  # SSLSocket has no sendmsg
@@ -319,7 +336,7 @@ class RespConnection:
             raise self._fail(f"malformed number {text[:40]!r} in a reply")
         return int(text)
 
-    def read_reply(self, *, max_items: int = _MAX_ARRAY) -> Any:
+    def read_reply(self, *, max_items: int = _MAX_ARRAY) -> Reply:
         """One reply: str (+), int (:), bytes or None ($), list (*); an error reply (-)
         is returned as a `RespServerError`. A reply that is not well-formed RESP (or
         larger or deeper than any answer the tier asks for: arrays of more than
@@ -327,7 +344,7 @@ class RespConnection:
         connection."""
         return self._reply(0, [max_items])
 
-    def _reply(self, depth: int, budget: list[int]) -> Any:
+    def _reply(self, depth: int, budget: list[int]) -> Reply:
         line = self._line()
         if not line:
             raise self._fail("empty reply line")
@@ -372,7 +389,7 @@ class RespConnection:
         if crlf != _CRLF:
             raise self._fail("bulk reply without CRLF")
 
-    def call(self, *args: bytes) -> Any:
+    def call(self, *args: bytes) -> Reply:
         """Sends one command and returns its reply (an error reply raises)."""
         self.send([command(*args)])
         reply = self.read_reply()

@@ -21,7 +21,6 @@ import ipaddress
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
 
 __all__ = [
     "SLOTS",
@@ -108,7 +107,7 @@ class SlotMap:
     """
 
     nodes: tuple[Address, ...]
-    table: array.array
+    table: array.array[int]
     replicas: tuple[Address, ...] = ()
 
     @classmethod
@@ -211,7 +210,7 @@ def _int(value: object, what: str, low: int, high: int) -> int:
     return value
 
 
-def _flat_map(value: object, what: str) -> dict[str, Any]:
+def _flat_map(value: object, what: str) -> dict[str, object]:
     if not isinstance(value, list) or len(value) % 2:
         raise SlotMapError(f"{what} is not a list of name/value pairs")
     return {_text(value[i], f"a name in {what}"): value[i + 1] for i in range(0, len(value), 2)}

@@ -10,7 +10,7 @@ the caller's thread, row writes and reads on the direction's worker thread.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, cast
+from typing import TypedDict, cast
 
 import jax
 import jax.numpy as jnp
@@ -22,8 +22,17 @@ from jax_kvoffload.transfer._buckets import store_pieces
 from jax_kvoffload.transfer._caches import GroupCaches
 from jax_kvoffload.transfer._job_checks import CheckedTransfer
 from jax_kvoffload.transfer._rpa_pages import canonical_sharding, merge_into_pages, to_canonical
-from jax_kvoffload.transfer._sharded_io import distinct_shards, fetch_sharded
+from jax_kvoffload.transfer._sharded_io import Shard, distinct_shards, fetch_sharded
 from jax_kvoffload.transfer._staging import HostBuffers, bucket_for, replicated, to_host
+
+
+class KernelOptions(TypedDict):
+    """The `pallas_kernels` options of every gather and scatter of one engine."""
+
+    backend: str
+    interpret: object
+    config: object
+
 
 # One load piece to fetch: (group, block ids, transfer, first slot, staging shape).
 LoadPlan = list[tuple[int, np.ndarray, CheckedTransfer, int, tuple[int, ...]]]
@@ -56,7 +65,7 @@ class StagedCopies:
         self,
         caches: Mapping[int, GroupCaches],
         pool: HostPool,
-        kernel_kw: dict[str, Any],
+        kernel_kw: KernelOptions,
         max_bucket: int,
         max_staging_bytes: int,
         *,
@@ -139,7 +148,7 @@ class StagedCopies:
         dispatch per job). A pool that adopts rows hands out its rows as they are
         (pinned host arrays on accelerators: no host copy); the others copy them into
         reused staging buffers first (`read_blocks`, one host copy per byte)."""
-        hosts: list[Any] = []  # every host array of the job, each once, in piece order
+        hosts: list[object] = []  # every host array of the job, each once, in piece order
         targets: list[jax.sharding.Sharding] = []  # where each goes
         # (id of a row, target) -> index in hosts
         seen: dict[tuple[int, jax.sharding.Sharding], int] = {}
@@ -213,7 +222,7 @@ class StagedCopies:
         receives only its shard, read from the rows straight into its own buffer."""
         dtype = self._caches[group].arrays[0].dtype
 
-        def read(shards):
+        def read(shards: list[Shard]) -> None:
             self._pool.move_shards(group, t.chunk_ids, first, shape, dtype, shards, store=False)
 
         return fetch_sharded(read, self._buffers.take, shape, dtype, sharding)

@@ -25,7 +25,7 @@ import functools
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, cast
 
 import jax
 
@@ -41,7 +41,7 @@ from jax_kvoffload.transfer._caches import (
     check_arrays,
     check_group_caches,
 )
-from jax_kvoffload.transfer._copies import FetchedLoad, StagedCopies
+from jax_kvoffload.transfer._copies import FetchedLoad, KernelOptions, StagedCopies
 from jax_kvoffload.transfer._errors import TransferError, TransferStateError
 from jax_kvoffload.transfer._job_checks import (
     CheckedTransfer,
@@ -133,7 +133,7 @@ class TransferEngine:
                     f"have {gc.block_bytes}; size the pool from the caches"
                 )
         self._pool = pool
-        kernel_kw = {"backend": backend, "interpret": interpret, "config": config}
+        kernel_kw: KernelOptions = {"backend": backend, "interpret": interpret, "config": config}
         self._copies = StagedCopies(
             self._caches,
             pool,
@@ -186,7 +186,7 @@ class TransferEngine:
         job_id: int,
         transfers: Sequence[GroupTransfer],
         *,
-        after: Sequence[Future[Any]] = (),
+        after: Sequence[Future[Any]] = (),  # any result: only their end is waited for
         check: Callable[[], None] | None = None,
     ) -> None:
         """Starts copying chunk rows back into the blocks; caches change on completion.
@@ -306,14 +306,15 @@ class TransferEngine:
         A `BaseException` out of a scatter leaves the job in flight with its progress
         kept; the next completion resumes it."""
         if job.direction is Direction.LOAD:
-            return self._copies.scatter(job.payload)
+            return self._copies.scatter(cast(FetchedLoad, job.payload))  # submit_load's
         return None
 
     @staticmethod
     def _release(job: EngineJob) -> None:
         # Free a load's staging (job-sized) now, even if a traceback holds its pieces.
-        if job.payload is not None:
-            job.payload.pieces.clear()
+        load = cast("FetchedLoad | None", job.payload)  # a load's (submit_load), else None
+        if load is not None:
+            load.pieces.clear()
 
     @staticmethod
     def _result(job: EngineJob, error: JobError, seconds: float) -> TransferResult:

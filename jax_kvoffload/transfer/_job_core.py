@@ -90,11 +90,11 @@ class EngineJob:
     job_id: int
     lane: str
     direction: Direction
-    future: Future
+    future: Future[None]
     started: float
     size_bytes: int
     rows: frozenset[int] = frozenset()
-    payload: Any = None
+    payload: object = None
     discarded: bool = False
     end: EndTime = field(default_factory=EndTime)
 
@@ -104,7 +104,9 @@ class EngineJob:
         return self.end.at
 
 
-def run_job(future: Future, end: EndTime, after: list[Future], work: Callable[[], None]) -> None:
+def run_job(
+    future: Future[None], end: EndTime, after: list[Future[Any]], work: Callable[[], None]
+) -> None:
     """A job's worker part: waits for the earlier jobs that share its rows, then works.
     Its end is marked before its future is set: whoever sees the future done sees it."""
     if not future.set_running_or_notify_cancel():
@@ -121,7 +123,7 @@ def run_job(future: Future, end: EndTime, after: list[Future], work: Callable[[]
         future.set_result(None)
 
 
-def wait_for(futures: Iterable[Future]) -> None:
+def wait_for(futures: Iterable[Future[Any]]) -> None:
     """Blocks until every future is done; interruptible (a lock wait), never raises
     their exceptions. Cheaper than `concurrent.futures.wait`, which locks every future
     and installs a waiter on each (measured: 10-30 us more per job on the CI VM)."""
@@ -211,9 +213,9 @@ class JobCore(Generic[R]):
         size_bytes: int,
         *,
         rows: frozenset[int] = frozenset(),
-        after: Sequence[Future] = (),
+        after: Sequence[Future[Any]] = (),  # any result: only their end is waited for
         started: float | None = None,
-        payload: Any = None,
+        payload: object = None,
     ) -> None:
         """Queues a job's worker part `work` on `lane`; the job is registered iff this
         returns, or if an interrupt arrives once its work is already running (then
@@ -225,7 +227,7 @@ class JobCore(Generic[R]):
             if j.direction is not direction and not rows.isdisjoint(j.rows)
         ]
         waits += after
-        future: Future = Future()
+        future: Future[None] = Future()
         if started is None:
             started = time.perf_counter()
         job = EngineJob(job_id, lane, direction, future, started, size_bytes, rows, payload)
@@ -255,7 +257,7 @@ class JobCore(Generic[R]):
     ) -> None:
         """Registers a job that failed before it could be queued (e.g. its gather ran
         out of device memory): it is reported failed like any job of its lane."""
-        future: Future = Future()
+        future: Future[None] = Future()
         if started is None:
             started = time.perf_counter()
         job = EngineJob(job_id, lane, self._lanes[lane], future, started, size_bytes)

@@ -15,7 +15,7 @@ padding byte of the target keeps its value.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 import jax
 import numpy as np
@@ -24,6 +24,9 @@ from jax.sharding import NamedSharding, PartitionSpec
 import pallas_kernels as pk
 from jax_kvoffload.hostmem.internals import check_index
 from jax_kvoffload.transfer._errors import TransferError
+
+if TYPE_CHECKING:
+    from jax_kvoffload.transfer._copies import KernelOptions
 
 
 def check_rpa_heads(
@@ -45,7 +48,9 @@ def check_rpa_heads(
     return heads
 
 
-def host_page_shape(arrays: Sequence[jax.Array], layout: pk.KVLayout, heads: int | None) -> tuple:
+def host_page_shape(
+    arrays: Sequence[jax.Array], layout: pk.KVLayout, heads: int | None
+) -> tuple[int, ...]:
     """`(len(arrays), *page)` of one block on the host: canonical for RPA with heads."""
     shape = tuple(arrays[0].shape)
     if heads is None:
@@ -81,7 +86,7 @@ def merge_into_pages(
     heads: int,
     ids: np.ndarray,
     canonical: jax.Array,
-    kernel_kw: dict[str, Any],
+    kernel_kw: KernelOptions,
 ) -> jax.Array:
     """The staging a load scatters: the blocks' current pages with their real slots
     replaced by `canonical`, so padding slots keep the target's bytes."""

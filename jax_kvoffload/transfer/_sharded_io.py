@@ -54,7 +54,7 @@ def fetch_sharded(
     keys = {
         device: tuple((s.start, s.stop, s.step) for s in ix) for device, ix in index_map.items()
     }
-    by_key: dict[tuple, np.ndarray] = {}
+    by_key: dict[tuple[tuple[int | None, int | None, int | None], ...], np.ndarray] = {}
     buffers, shards = [], []
     for device, ix in index_map.items():
         if keys[device] in by_key:

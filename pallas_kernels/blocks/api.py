@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 from types import ModuleType
-from typing import Any, cast
+from typing import cast
 
 import jax
 import jax.numpy as jnp
@@ -46,7 +46,7 @@ def _fence(zero, backend, interpret, dtype):
     return zero if backend in ("xla", "reference") or interpret else None
 
 
-def _staging_shape(caches: Sequence[Any], n: int, layout: KVLayout) -> tuple[int, ...]:
+def _staging_shape(caches: Sequence[jax.Array], n: int, layout: KVLayout) -> tuple[int, ...]:
     return (n, len(caches), *layout.page_shape(tuple(caches[0].shape)))
 
 
@@ -158,7 +158,7 @@ _scatter_donating = jax.jit(_scatter_impl, static_argnames=_STATIC, donate_argnu
 _scatter_keeping = jax.jit(_scatter_impl, static_argnames=_STATIC)
 
 
-def _ids_arg(block_ids: Any) -> Any:
+def _ids_arg(block_ids: jax.Array | np.ndarray) -> jax.Array | np.ndarray:
     # Concrete ids go in as numpy: jit then places them with the caches, wherever a
     # caller's committed ids array happens to live.
     if isinstance(block_ids, jax.core.Tracer):
@@ -166,7 +166,7 @@ def _ids_arg(block_ids: Any) -> Any:
     return np.asarray(block_ids)
 
 
-def _one_device_at_a_time(record: Backend, interpret: object, caches: Sequence[Any]) -> bool:
+def _one_device_at_a_time(record: Backend, interpret: object, caches: Sequence[jax.Array]) -> bool:
     return bool(interpret) and record.interpreter_models_devices and mesh.spans_devices(caches)
 
 
@@ -176,8 +176,8 @@ def gather_blocks(
     *,
     layout: KVLayout,
     backend: str = "auto",
-    config: Any = None,
-    interpret: Any = False,
+    config: object = None,
+    interpret: object = False,
 ) -> jax.Array:
     """Gathers pages of ``block_ids`` from every array into one contiguous staging array.
 
@@ -229,8 +229,8 @@ def scatter_blocks(
     *,
     layout: KVLayout,
     backend: str = "auto",
-    config: Any = None,
-    interpret: Any = False,
+    config: object = None,
+    interpret: object = False,
 ) -> list[jax.Array]:
     """Writes ``staging[i]`` into page ``block_ids[i]`` of every array, in place.
 
@@ -284,11 +284,12 @@ def scatter_blocks(
     return out
 
 
-def _mesh_shardings(caches: Sequence[Any]) -> tuple[Any, ...] | None:
+def _mesh_shardings(caches: Sequence[jax.Array]) -> tuple[NamedSharding, ...] | None:
     """The caches' shardings when they span several devices (a jit static), else None."""
     shardings = tuple(getattr(c, "sharding", None) for c in caches)
     if any(not isinstance(s, jax.sharding.NamedSharding) for s in shardings):
         return None
-    if all(len(s.device_set) == 1 for s in cast("tuple[NamedSharding, ...]", shardings)):
+    named = cast("tuple[NamedSharding, ...]", shardings)
+    if all(len(s.device_set) == 1 for s in named):
         return None
-    return shardings
+    return named

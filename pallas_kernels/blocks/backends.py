@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from types import ModuleType
-from typing import Any
 
 import jax
 
@@ -22,7 +21,7 @@ from .errors import BackendConfigError, BackendUnavailableError
 _GPU = frozenset({"cuda"})
 
 
-def device_platform(device: Any) -> tuple[str, tuple[int, int] | None]:
+def device_platform(device: object) -> tuple[str, tuple[int, int] | None]:
     """``(platform, compute capability)`` of a jax device: "cpu", "tpu", "cuda" or
     "rocm" (jax calls both GPU kinds "gpu"); the capability only for CUDA devices."""
     platform = str(getattr(device, "platform", "")).lower()
@@ -30,8 +29,9 @@ def device_platform(device: Any) -> tuple[str, tuple[int, int] | None]:
         version = str(getattr(getattr(device, "client", None), "platform_version", ""))
         platform = "rocm" if "rocm" in version.lower() else "cuda"
     capability = None
-    if platform == "cuda" and getattr(device, "compute_capability", None):
-        major, _, minor = str(device.compute_capability).partition(".")
+    cc = getattr(device, "compute_capability", None) if platform == "cuda" else None
+    if cc:
+        major, _, minor = str(cc).partition(".")
         capability = (int(major), int(minor or 0))
     return platform, capability
 
@@ -66,7 +66,7 @@ class Backend:
     interpreter: str | None = None
     interpreter_models_devices: bool = False
     _import_error: Callable[[], str] = dataclasses.field(default=lambda: "", repr=False)
-    _interpret_params: Callable[[], Any] | None = dataclasses.field(default=None, repr=False)
+    _interpret_params: Callable[[], object] | None = dataclasses.field(default=None, repr=False)
     _params_type: Callable[[], type | None] = dataclasses.field(default=lambda: None, repr=False)
 
     @property
@@ -113,7 +113,7 @@ class Backend:
             return False
         return self._interpret_params is None or self._interpret_params() is not None
 
-    def interpret_params(self) -> Any:
+    def interpret_params(self) -> object:
         """What ``interpret=True`` passes to Pallas: the backend's interpreter params
         (TPU, Mosaic GPU) or True (Triton's HLO interpreter)."""
         return True if self._interpret_params is None else self._interpret_params()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, TypeGuard, cast
+from typing import TypeGuard, TypeVar, cast
 
 import jax
 import numpy as np
@@ -21,13 +21,16 @@ from .errors import (
 from .layout import KVLayout
 from .mesh import staging_sharding
 
+# The caller's ids come back as they were given (a jax or numpy array once checked).
+_Ids = TypeVar("_Ids")
+
 
 def _show(values: np.ndarray, limit: int = 8) -> str:
     head = ", ".join(str(int(v)) for v in values[:limit])
     return f"[{head}{', ...' if values.size > limit else ''}]"
 
 
-def check_caches(caches: Any, layout: KVLayout) -> list[jax.Array]:
+def check_caches(caches: object, layout: KVLayout) -> list[jax.Array]:
     """``caches`` is a non-empty sequence of arrays of one shape and dtype, fitting ``layout``."""
     if not isinstance(layout, KVLayout):
         raise TypeError(
@@ -69,7 +72,7 @@ def check_caches(caches: Any, layout: KVLayout) -> list[jax.Array]:
     return list(caches)
 
 
-def _check_array(x: Any, name: str) -> None:
+def _check_array(x: object, name: str) -> None:
     if not isinstance(x, (jax.Array, np.ndarray)):
         hint = (
             "; to compile without data, trace the call: jax.jit(fn).trace(...)"
@@ -92,12 +95,12 @@ def _devices(x: object) -> frozenset[jax.Device] | None:
     return frozenset(x.sharding.device_set) if _is_concrete(x) else None
 
 
-def _show_devices(x: Any) -> str:
-    ids = sorted(d.id for d in x.sharding.device_set)
+def _show_devices(x: jax.Array) -> str:
+    ids = sorted(d.id for d in x.sharding.device_set)  # type: ignore[attr-defined]
     return f"devices {ids}" if len(ids) > 1 else f"device {ids[0]}"
 
 
-def check_block_ids(block_ids: Any, num_blocks: int, *, unique: bool) -> Any:
+def check_block_ids(block_ids: _Ids, num_blocks: int, *, unique: bool) -> _Ids:
     """``block_ids``: int32, 1-D, each in [0, num_blocks); unique when ``unique``.
 
     Value checks need concrete ids; under an outer ``jax.jit`` the ids are tracers and
@@ -149,7 +152,7 @@ def check_block_ids(block_ids: Any, num_blocks: int, *, unique: bool) -> Any:
 
 
 def check_staging(
-    staging: Any, expected_shape: tuple[int, ...], cache: Any, layout: KVLayout
+    staging: object, expected_shape: tuple[int, ...], cache: jax.Array, layout: KVLayout
 ) -> None:
     """``staging`` has exactly the shape and dtype ``gather_blocks`` returns, and lives
     where the caches do (or is a host array, or uncommitted: jit places those)."""

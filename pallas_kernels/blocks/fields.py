@@ -6,18 +6,30 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
-from typing import Any
+from typing import TYPE_CHECKING, Protocol
 
 from .errors import BackendConfigError
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+    class WordConfig(DataclassInstance, Protocol):
+        """A backend config (a frozen dataclass) with a ``word_bytes`` field."""
+
+        @property
+        def word_bytes(self) -> int | None: ...
+
 
 WORD_BYTES = (1, 2, 4)
 
 
-def _default(config: Any, name: str) -> Any:
+def _default(config: DataclassInstance, name: str) -> object:
     return {f.name: f.default for f in dataclasses.fields(config)}[name]
 
 
-def check_int(config: Any, name: str, *, minimum: int = 1, none_ok: bool = False) -> None:
+def check_int(
+    config: DataclassInstance, name: str, *, minimum: int = 1, none_ok: bool = False
+) -> None:
     """``config.<name>`` is an int >= ``minimum`` (or None when ``none_ok``); numpy
     integers are stored as ``int`` so configs stay equal and hash alike as jit statics."""
     value = getattr(config, name)
@@ -37,7 +49,7 @@ def check_int(config: Any, name: str, *, minimum: int = 1, none_ok: bool = False
     object.__setattr__(config, name, int(value))
 
 
-def check_power_of_two(config: Any, name: str, *, maximum: int) -> None:
+def check_power_of_two(config: DataclassInstance, name: str, *, maximum: int) -> None:
     check_int(config, name)
     value = getattr(config, name)
     if value & (value - 1) or value > maximum:
@@ -47,7 +59,7 @@ def check_power_of_two(config: Any, name: str, *, maximum: int) -> None:
         )
 
 
-def check_word_bytes(config: Any) -> None:
+def check_word_bytes(config: WordConfig) -> None:
     value = config.word_bytes
     if value is None:
         return

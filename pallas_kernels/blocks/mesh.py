@@ -24,9 +24,9 @@ FIRST-stacked cache) keeps the global path.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -34,6 +34,10 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from .layout import KVLayout, as_bits
 from .layout import as_dtype as _as_dtype
+
+_F = TypeVar("_F", bound=Callable[..., object])
+# A shard's index as slice bounds (start, stop, step): the key its replicas share.
+_Index = tuple[tuple[int | None, int | None, int | None], ...]
 
 
 @dataclass(frozen=True)
@@ -64,11 +68,12 @@ class LocalPlan:
         bits = jax.lax.psum(jnp.where(mask, bits, jnp.zeros_like(bits)), self.block_axes)
         return _as_dtype(bits, staging.dtype)
 
-    def run(self, body: Any, num_caches: int, with_staging: bool) -> Any:
+    def run(self, body: _F, num_caches: int, with_staging: bool) -> _F:
         """``body(caches, block_ids, zero[, staging])`` mapped over the mesh (``zero``: the
         replicated run-time 0 of ``layout.fenced``)."""
         caches = tuple(self.cache_spec for _ in range(num_caches))
-        in_specs: tuple[Any, ...] = (caches, PartitionSpec(), PartitionSpec())
+        in_specs: tuple[tuple[PartitionSpec, ...] | PartitionSpec, ...]
+        in_specs = (caches, PartitionSpec(), PartitionSpec())
         in_specs += (self.staging_spec,) if with_staging else ()
         out_specs = caches if with_staging else self.staging_spec
         return jax.shard_map(
@@ -111,7 +116,9 @@ def _size(mesh: Any, names: tuple[str, ...]) -> int:
     return size
 
 
-def _without_trivial(entry: Any, mesh: Any) -> Any:
+def _without_trivial(entry: Any, mesh: jax.sharding.Mesh | jax.sharding.AbstractMesh) -> Any:
+    # `entry`: a PartitionSpec entry (an axis name, a tuple of them, None or
+    # UNCONSTRAINED), which jax leaves untyped.
     if entry is None or entry is PartitionSpec.UNCONSTRAINED:
         return entry
     names = entry if isinstance(entry, tuple) else (entry,)
@@ -151,21 +158,21 @@ def spans_devices(caches: Sequence[jax.Array]) -> bool:
 # among them), the whole cache.
 
 
-def _home(caches: Sequence[Any]) -> jax.Device:
-    return min(caches[0].sharding.device_set, key=lambda d: d.id)
+def _home(caches: Sequence[jax.Array]) -> jax.Device:
+    return min(caches[0].sharding.device_set, key=lambda d: d.id)  # type: ignore[attr-defined]
 
 
-def _shards(cache: Any) -> dict[tuple[Any, ...], list[Any]]:
+def _shards(cache: jax.Array) -> dict[_Index, list[jax.Shard]]:
     """This process's shards of ``cache`` grouped by index (replicas share one), keyed
     by the index's slice bounds."""
-    groups: dict[tuple[Any, ...], list[Any]] = {}
+    groups: dict[_Index, list[jax.Shard]] = {}
     for shard in cache.addressable_shards:
         groups.setdefault(tuple((s.start, s.stop, s.step) for s in shard.index), []).append(shard)
     return groups
 
 
 def gather_one_device_at_a_time(
-    caches: Sequence[jax.Array], layout: KVLayout, run: Any
+    caches: Sequence[jax.Array], layout: KVLayout, run: Callable[[list[jax.Array]], jax.Array]
 ) -> jax.Array:
     """``run(single_device_caches) -> staging`` over each shard in turn (see above)."""
     home = _home(caches)
@@ -187,7 +194,10 @@ def gather_one_device_at_a_time(
 
 
 def scatter_one_device_at_a_time(
-    caches: Sequence[jax.Array], staging: jax.Array, layout: KVLayout, run: Any
+    caches: Sequence[jax.Array],
+    staging: jax.Array,
+    layout: KVLayout,
+    run: Callable[[list[jax.Array], jax.Array], Sequence[jax.Array]],
 ) -> list[jax.Array]:
     """``run(single_device_caches, staging) -> caches`` over each shard in turn; every
     result keeps its cache's sharding."""
@@ -197,7 +207,7 @@ def scatter_one_device_at_a_time(
         out = run([jax.device_put(c, home) for c in caches], jax.device_put(staging, home))
         return [jax.device_put(o, c.sharding) for o, c in zip(out, caches, strict=True)]
     per_cache = [_shards(c) for c in caches]
-    pieces: list[list[Any]] = [[] for _ in caches]
+    pieces: list[list[jax.Array]] = [[] for _ in caches]
     axis = layout.block_axis
     # Sliced as integers: an eager slice of a float array is an XLA:CPU copy that runs
     # through f32 (fp8/bf16 NaN payloads quieted, issue 21); ``run`` takes the bits.

@@ -3,8 +3,6 @@ against the caches' platform before anything is traced."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import jax
 import numpy as np
 
@@ -37,7 +35,9 @@ def _platform_words(device: jax.Device) -> str:
     return platform
 
 
-def resolve(backend: Any, cache: Any, config: Any, interpret: Any) -> tuple[Backend, Any, Any]:
+def resolve(
+    backend: str, cache: jax.Array, config: object, interpret: object
+) -> tuple[Backend, object, object]:
     """``(record, config, interpret)`` for this call; raises a typed error naming what
     runs instead. ``interpret`` comes back as False, True or an interpreter params object.
 
@@ -74,7 +74,7 @@ def resolve(backend: Any, cache: Any, config: Any, interpret: Any) -> tuple[Back
     return record, config, interpret
 
 
-def _config(record: Backend, config: Any) -> Any:
+def _config(record: Backend, config: object) -> object:
     if record.config is None:
         if config is not None:
             raise TypeError(
@@ -93,7 +93,7 @@ def _config(record: Backend, config: Any) -> Any:
     return config
 
 
-def _interpret(record: Backend, interpret: Any) -> Any:
+def _interpret(record: Backend, interpret: object) -> object:
     params_type = record.params_type()
     if not (
         interpret is None
@@ -126,12 +126,12 @@ def _is_params_object(value: object) -> bool:
     return type(value).__name__ in ("InterpretParams", "InterpretGPUParams")
 
 
-def word_bytes(cache: Any, layout: KVLayout, config: Any, *, widen: bool = True) -> int:
+def word_bytes(cache: jax.Array, layout: KVLayout, config: object, *, widen: bool = True) -> int:
     """Width of the words moved: the config's, else the widest dividing a page half
     (``widen``) or the element width."""
     from .layout import default_word_bytes
 
-    w = getattr(config, "word_bytes", None)
+    w: int | None = getattr(config, "word_bytes", None)
     if w is None:
         if not widen:
             return np.dtype(cache.dtype).itemsize
@@ -139,7 +139,7 @@ def word_bytes(cache: Any, layout: KVLayout, config: Any, *, widen: bool = True)
     return w
 
 
-def check_word_bytes(cache: Any, layout: KVLayout, config: Any) -> None:
+def check_word_bytes(cache: jax.Array, layout: KVLayout, config: object) -> None:
     """``config.word_bytes`` divides a page half of these caches."""
     w = getattr(config, "word_bytes", None)
     if w is None:

@@ -20,11 +20,12 @@ leaving every padding slot's bytes as they were. Both move integer words only.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import numpy.typing as npt
 
 from .errors import LayoutError, LayoutMismatchError
 from .layout import RPA_LANES, as_bits, check_rpa_dtype
@@ -34,7 +35,7 @@ def _align(x: int, m: int) -> int:
     return -(-x // m) * m
 
 
-def rpa_packing(dtype: Any) -> int:
+def rpa_packing(dtype: npt.DTypeLike) -> int:
     """Slots per 32-bit word for ``dtype``: ``32 // bits`` (bf16 2, fp8/int8 4, fp32 1)."""
     check_rpa_dtype(dtype)
     itemsize: int = np.dtype(dtype).itemsize
@@ -46,13 +47,15 @@ def rpa_packing(dtype: Any) -> int:
     return 4 // itemsize
 
 
-def _check_positive(**values: Any) -> None:
+def _check_positive(**values: object) -> None:
     for key, value in values.items():
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
             raise LayoutError(f"{key} must be an int >= 1, got {value!r}")
 
 
-def rpa_slots_per_shard(num_kv_heads: int, dtype: Any, shards: int = 1) -> tuple[int, int]:
+def rpa_slots_per_shard(
+    num_kv_heads: int, dtype: npt.DTypeLike, shards: int = 1
+) -> tuple[int, int]:
     """``(real, padded)`` slots each of ``shards`` KV-head shards holds."""
     _check_positive(num_kv_heads=num_kv_heads, shards=shards)
     if num_kv_heads % shards:
@@ -70,7 +73,7 @@ def rpa_cache_shape(
     block_size: int,
     num_kv_heads: int,
     head_dim: int,
-    dtype: Any,
+    dtype: npt.DTypeLike,
     *,
     shards: int = 1,
 ) -> tuple[int, int, int, int, int]:
@@ -83,7 +86,7 @@ def rpa_cache_shape(
     return (num_blocks, block_size, rows, packing, _align(head_dim, RPA_LANES))
 
 
-def rpa_shards(cache: Any) -> int:
+def rpa_shards(cache: jax.Array | np.ndarray) -> int:
     """How many distinct shards split ``cache`` along axis 2 (1 for host arrays)."""
     sharding = getattr(cache, "sharding", None)
     if sharding is None:
@@ -92,7 +95,9 @@ def rpa_shards(cache: Any) -> int:
     return int(cache.shape[2] // local[2])
 
 
-def check_rpa_geometry(shape: tuple[int, ...], dtype: Any, num_kv_heads: int, shards: int) -> None:
+def check_rpa_geometry(
+    shape: tuple[int, ...], dtype: npt.DTypeLike, num_kv_heads: int, shards: int
+) -> None:
     """Raises ``LayoutMismatchError`` unless an RPA array of ``shape`` holds
     ``num_kv_heads`` heads over ``shards`` shards, in the formula's rows."""
     want = rpa_cache_shape(1, 1, num_kv_heads, 1, dtype, shards=shards)
@@ -149,13 +154,19 @@ def rpa_merge_canonical(
     return jax.lax.bitcast_convert_type(out, into.dtype) if out.dtype != into.dtype else out
 
 
-def rpa_needs_merge(num_kv_heads: int, dtype: Any, shards: int) -> bool:
+def rpa_needs_merge(num_kv_heads: int, dtype: npt.DTypeLike, shards: int) -> bool:
     """Whether a shard of this geometry pads (a load must then keep the padding)."""
     real, padded = rpa_slots_per_shard(num_kv_heads, dtype, shards)
     return real != padded
 
 
-def rpa_pack(k: Any, v: Any, *, shards: int = 1, pad_value: Any = None) -> np.ndarray:
+def rpa_pack(
+    k: npt.ArrayLike,
+    v: npt.ArrayLike,
+    *,
+    shards: int = 1,
+    pad_value: Callable[[tuple[int, ...]], npt.ArrayLike] | None = None,
+) -> np.ndarray:
     """K and V ``[num_blocks, block_size, H, head_dim]`` (numpy) as one RPA array for
     ``shards`` KV-head shards (tpu-inference's ``merge_kv``): padding zero, or
     ``pad_value`` (a function of a shape returning bits, for tests)."""
@@ -178,7 +189,7 @@ def rpa_pack(k: Any, v: Any, *, shards: int = 1, pad_value: Any = None) -> np.nd
 
 
 def rpa_unpack(
-    cache: Any, num_kv_heads: int, head_dim: int, *, shards: int = 1
+    cache: npt.ArrayLike, num_kv_heads: int, head_dim: int, *, shards: int = 1
 ) -> tuple[np.ndarray, np.ndarray]:
     """Inverse of ``rpa_pack``: numpy K, V ``[num_blocks, block_size, H, head_dim]``."""
     cache = np.asarray(cache)
