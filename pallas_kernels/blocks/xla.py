@@ -44,7 +44,11 @@ def gather_words(words: Sequence[jax.Array], block_ids: jax.Array) -> jax.Array:
 def scatter_words(
     words: Sequence[jax.Array], block_ids: jax.Array, staging: jax.Array
 ) -> list[jax.Array]:
-    """Writes ``staging[i, l]`` (``[outer, W]``) into page ``block_ids[i]`` of array l."""
+    """Writes ``staging[i, l]`` (``[outer, W]``) into page ``block_ids[i]`` of array l.
+
+    An id repeats only with the same row (a device of a split block axis sends the
+    entries it does not own to an owned one, api._scatter_owned): whichever write lands,
+    the page gets the same bytes, which is all ``unique_indices`` lets XLA assume away."""
     out = []
     for layer, w in enumerate(words):
         update = jnp.swapaxes(staging[:, layer], 0, 1)
