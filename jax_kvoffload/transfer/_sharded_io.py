@@ -65,6 +65,8 @@ def fetch_sharded(
         by_key[keys[device]] = raw.view(dtype).reshape(local)
         shards.append((ix, by_key[keys[device]]))
     read_shards(shards)
-    arrays = [jax.device_put(by_key[keys[device]], device) for device in index_map]
+    # One device_put for every device: one dispatch, not one per device.
+    devices = list(index_map)
+    arrays = jax.device_put([by_key[keys[d]] for d in devices], devices)
     staged = jax.make_array_from_single_device_arrays(shape, sharding, arrays)
     return jax.block_until_ready(staged), buffers
