@@ -272,16 +272,31 @@ def scatter_blocks(
     # Interpreted kernels run as host loops that cannot reuse a donated buffer, and XLA
     # warns about every unusable donation; donate only where the kernel aliases for real.
     fn = _scatter_keeping if interpret else _scatter_donating
+    local = mesh.local_plan(caches, layout)
     out: list[jax.Array] = fn(
         tuple(caches),
         ids,
-        staging,
+        _staging_arg(staging, local),
         _ZERO,
         shardings=_mesh_shardings(caches),
-        local=mesh.local_plan(caches, layout),
+        local=local,
         **kw,
     )
     return out
+
+
+def _staging_arg(staging: Any, local: mesh.LocalPlan | None) -> Any:
+    """A device staging sharded other than the per-device path wants, moved there as
+    integers: resharded inside the jit, it would move as floats (XLA:CPU quiets bf16 NaN
+    payloads and flushes subnormals on the way, issue 21)."""
+    if local is None or not isinstance(staging, jax.Array):
+        return staging
+    if isinstance(staging, jax.core.Tracer):
+        return staging
+    want = NamedSharding(local.mesh, local.staging_spec)
+    if staging.sharding.is_equivalent_to(want, staging.ndim):
+        return staging
+    return jax.device_put(as_bits(staging), want)
 
 
 def _mesh_shardings(caches: Sequence[Any]) -> tuple[Any, ...] | None:
