@@ -216,9 +216,11 @@ def gather_blocks(
         return mesh.gather_one_device_at_a_time(
             caches, layout, lambda cs: _gather(tuple(cs), ids, _ZERO, local=None, **kw)
         )
-    staging: jax.Array = _gather(
-        tuple(caches), ids, _ZERO, local=mesh.local_plan(caches, layout), **kw
-    )
+    local = mesh.local_plan(caches, layout)
+    staging: jax.Array = _gather(tuple(caches), ids, _ZERO, local=local, **kw)
+    if local is not None and _closed_over(staging, caches):
+        staging = _gather(_constant_bits(caches), ids, _ZERO, local=local, **kw)
+        staging = as_dtype(staging, caches[0].dtype)
     return staging
 
 
@@ -273,16 +275,34 @@ def scatter_blocks(
     # warns about every unusable donation; donate only where the kernel aliases for real.
     fn = _scatter_keeping if interpret else _scatter_donating
     local = mesh.local_plan(caches, layout)
+    shardings = _mesh_shardings(caches)
+    staging = _staging_arg(staging, local)
     out: list[jax.Array] = fn(
-        tuple(caches),
-        ids,
-        _staging_arg(staging, local),
-        _ZERO,
-        shardings=_mesh_shardings(caches),
-        local=local,
-        **kw,
+        tuple(caches), ids, staging, _ZERO, shardings=shardings, local=local, **kw
     )
+    if local is not None and _closed_over(out[0], caches):
+        bits = fn(
+            _constant_bits(caches), ids, as_bits(jnp.asarray(staging)), _ZERO,
+            shardings=shardings, local=local, **kw,
+        )  # fmt: skip
+        out = [as_dtype(o, caches[0].dtype) for o in bits]
     return out
+
+
+def _closed_over(result: Any, caches: Sequence[Any]) -> bool:
+    """An outer jit traced this call (``result`` is a tracer) with the caches as concrete
+    arrays it closes over: it embeds them as float constants, which the partitioner
+    slices per device as floats (XLA:CPU quiets bf16 NaN payloads on the way)."""
+    return isinstance(result, jax.core.Tracer) and not any(
+        isinstance(c, jax.core.Tracer) for c in caches
+    )
+
+
+def _constant_bits(caches: Sequence[jax.Array]) -> tuple[jax.Array, ...]:
+    """Concrete caches as their integer bits, computed now (not traced): an outer jit
+    then embeds integer constants, which any slicing keeps bit for bit."""
+    with jax.ensure_compile_time_eval():
+        return tuple(as_bits(c) for c in caches)
 
 
 def _staging_arg(staging: Any, local: mesh.LocalPlan | None) -> Any:
