@@ -216,9 +216,11 @@ def gather_blocks(
         return mesh.gather_one_device_at_a_time(
             caches, layout, lambda cs: _gather(tuple(cs), ids, _ZERO, local=None, **kw)
         )
-    staging: jax.Array = _gather(
-        tuple(caches), ids, _ZERO, local=mesh.local_plan(caches, layout), **kw
-    )
+    local = mesh.local_plan(caches, layout)
+    staging: jax.Array = _gather(tuple(caches), ids, _ZERO, local=local, **kw)
+    if local is not None and _closed_over(staging, caches):
+        staging = _gather(_constant_bits(caches), ids, _ZERO, local=local, **kw)
+        staging = as_dtype(staging, caches[0].dtype)
     return staging
 
 
@@ -272,16 +274,50 @@ def scatter_blocks(
     # Interpreted kernels run as host loops that cannot reuse a donated buffer, and XLA
     # warns about every unusable donation; donate only where the kernel aliases for real.
     fn = _scatter_keeping if interpret else _scatter_donating
+    local = mesh.local_plan(caches, layout)
+    shardings = _mesh_shardings(caches)
+    staging = _staging_arg(staging, local)
     out: list[jax.Array] = fn(
-        tuple(caches),
-        ids,
-        staging,
-        _ZERO,
-        shardings=_mesh_shardings(caches),
-        local=mesh.local_plan(caches, layout),
-        **kw,
+        tuple(caches), ids, staging, _ZERO, shardings=shardings, local=local, **kw
     )
+    if local is not None and _closed_over(out[0], caches):
+        bits = fn(
+            _constant_bits(caches), ids, as_bits(jnp.asarray(staging)), _ZERO,
+            shardings=shardings, local=local, **kw,
+        )  # fmt: skip
+        out = [as_dtype(o, caches[0].dtype) for o in bits]
     return out
+
+
+def _closed_over(result: object, caches: Sequence[object]) -> bool:
+    """An outer jit traced this call (``result`` is a tracer) with the caches as concrete
+    arrays it closes over: it embeds them as float constants, which the partitioner
+    slices per device as floats (XLA:CPU quiets bf16 NaN payloads on the way)."""
+    return isinstance(result, jax.core.Tracer) and not any(
+        isinstance(c, jax.core.Tracer) for c in caches
+    )
+
+
+def _constant_bits(caches: Sequence[jax.Array]) -> tuple[jax.Array, ...]:
+    """Concrete caches as their integer bits, computed now (not traced): an outer jit
+    then embeds integer constants, which any slicing keeps bit for bit."""
+    with jax.ensure_compile_time_eval():
+        return tuple(as_bits(c) for c in caches)
+
+
+def _staging_arg(staging: jax.Array, local: mesh.LocalPlan | None) -> jax.Array:
+    """A device staging sharded other than the per-device path wants, moved there as
+    integers: resharded inside the jit, it would move as floats (XLA:CPU quiets bf16 NaN
+    payloads and flushes subnormals on the way, issue 21)."""
+    if local is None or not isinstance(staging, jax.Array):
+        return staging
+    if isinstance(staging, jax.core.Tracer):
+        return staging
+    want = NamedSharding(local.mesh, local.staging_spec)
+    if staging.sharding.is_equivalent_to(want, staging.ndim):
+        return staging
+    moved: jax.Array = jax.device_put(as_bits(staging), want)
+    return moved
 
 
 def _mesh_shardings(caches: Sequence[jax.Array]) -> tuple[NamedSharding, ...] | None:

@@ -165,6 +165,8 @@ def check(c: dict, rng: np.random.Generator) -> str | None:
         update = np.resize(c["caches"][0][::-1], update.shape)
     if c["host_staging"]:
         staging = update.view(dt)
+    elif c.get("staging_spec") is not None:  # on the devices, sharded some other way
+        staging = jax.device_put(update.view(dt), NamedSharding(c["mesh"], c["staging_spec"]))
     else:
         where = pk.staging_sharding(caches, layout) or NamedSharding(c["mesh"], P())
         staging = jax.device_put(update.view(dt), where)
@@ -183,25 +185,34 @@ def check(c: dict, rng: np.random.Generator) -> str | None:
 def hazard_cases(backend: str) -> list[dict]:
     """Issue 21's class, by hand: caches of nothing but -0.0, NaN payloads and
     subnormals (fp16, bf16, fp32), KV heads sharded over 4 devices, the scatter's staging
-    on the devices (replicated) and on the host; and the same over a block-sharded mesh."""
+    on the devices (where ``staging_sharding`` puts it, or sharded some other way) and on
+    the host; and the same over block-sharded meshes. A staging sharded other than the
+    per-device path wants was resharded as bf16 inside the jit (0x7F81 -> 0x7FC1)."""
     out = []
     for dtype in ("fp16", "bf16", "fp32"):
         special = np.array(SPECIAL[dtype], dtype=bits_of(np.zeros(1, DTYPES[dtype])).dtype)
-        for spec, (names, sizes) in (
-            (P(None, None, "model", None), (("model",), (4,))),
-            (P("data", None, "model", None), (("data", "model"), (1, 4))),
-            (P("model"), (("model",), (4,))),
-            (P("data", None, "model", None), (("data", "model"), (2, 2))),  # attention DP
+        for spec, (names, sizes), misplaced in (
+            (P(None, None, "model", None), (("model",), (4,)), P()),
+            (P("data", None, "model", None), (("data", "model"), (1, 4)), P()),
+            (P("model"), (("model",), (4,)), P(None, None, None, "model")),
+            (P(None, None, "model", None), (("data", "model"), (2, 2)), P("data")),
+            # attention DP: blocks over data, heads over model
+            (P("data", None, "model", None), (("data", "model"), (2, 2)), P("data")),
+            (
+                P("data", None, "model", None),
+                (("data", "model"), (2, 2)),
+                P(None, None, None, "data"),
+            ),
         ):
             mesh = Mesh(np.array(jax.devices()[:4]).reshape(sizes), names)
             shape = (4, 2, 4, 2)
             caches = [np.resize(np.roll(special, k), shape) for k in range(2)]
-            for host in (False, True):
+            for host, staging_spec in ((False, None), (True, None), (False, misplaced)):
                 out.append({"layout": "nhd", "dtype": dtype, "shape": shape, "mesh": mesh,
                             "spec": spec, "caches": caches, "backend": backend,
                             "gather": np.array([3, 0, 3], np.int32),
                             "scatter": np.array([1, 3], np.int32), "host_staging": host,
-                            "special_update": True})  # fmt: skip
+                            "staging_spec": staging_spec, "special_update": True})  # fmt: skip
     return out
 
 
@@ -211,7 +222,8 @@ def run_hazards(backends: list[str]) -> int:
         for c in hazard_cases(backend):
             err = check(c, rng)
             if err:
-                print(f"FAIL hazard: {describe(c)} host_staging={c['host_staging']}: {err}")
+                at = "host" if c["host_staging"] else c["staging_spec"] or "staging_sharding"
+                print(f"FAIL hazard: {describe(c)} staging at {at}: {err}")
                 return 1
     print(f"OK hazard cases, backends {backends}")
     return 0

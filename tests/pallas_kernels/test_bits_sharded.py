@@ -45,7 +45,7 @@ def run(backends: list[str], cases: int | None, timeout: int) -> None:
     )
 
 
-@pytest.mark.slow  # ~36 s on the 2-core machine (three interpreters, one subprocess)
+@pytest.mark.slow  # ~55 s on the 2-core machine (three interpreters, one subprocess)
 def test_reported_class_on_every_backend():
     """-0.0, NaN payloads and subnormals only, heads sharded over 4 devices, staging on
     the devices: the TPU interpreter returned 0x7C01 -> 0x7E00 (fp16) before the

@@ -81,3 +81,51 @@ def test_store_and_load_on_head_sharded_caches_are_bit_exact():
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip().endswith("OK")
+
+
+ATTENTION_DP = textwrap.dedent(
+    """
+    import os
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+    import jax, jax.numpy as jnp, numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    import pallas_kernels as pk
+    from jax_kvoffload.hostmem import HostChunkPool
+    from jax_kvoffload.transfer import GroupCaches, GroupTransfer, TransferEngine
+
+    # tpu-inference's attention-DP meshes: blocks over data, KV heads over tp.
+    mesh = Mesh(np.array(jax.devices()).reshape(2, 2), ("data", "tp"))
+    split = NamedSharding(mesh, P("data", None, "tp", None))
+    bits = np.random.default_rng(1).integers(0, 2**16, (8, 4, 8, 16), dtype=np.uint16)
+    bits[2, 0, 0, :], bits[5, 1, 3, :], bits[7, 2, 5, :] = 0x7F81, 0x807F, 0x8000
+    arrays = [jax.device_put(np.roll(bits, k).view(jnp.bfloat16), split) for k in range(2)]
+    before = [np.asarray(a).view(np.uint16).copy() for a in arrays]
+    pool = HostChunkPool(4, {0: GroupCaches(arrays, "nhd").block_bytes}, 2)
+    with TransferEngine({0: GroupCaches(arrays, "nhd")}, pool, backend="xla") as engine:
+        engine.submit_store(1, [GroupTransfer(0, (2, 5, 7), (3, 0))])  # both data halves
+        assert engine.wait([1])[0].success
+
+        def ptrs():
+            return [s.data.unsafe_buffer_pointer() for s in engine.arrays(0)[0].addressable_shards]
+
+        before_ptrs = ptrs()
+        engine.submit_load(2, [GroupTransfer(0, (0, 6, 3), (3, 0))])
+        (load,) = engine.wait([2])
+        assert load.success, load.error
+        after = [np.asarray(a).view(np.uint16) for a in engine.arrays(0)]
+        assert engine.arrays(0)[0].sharding.is_equivalent_to(split, 4), engine.arrays(0)[0].sharding
+        assert ptrs() == before_ptrs  # in place, each device its own blocks
+    for layer in range(2):
+        np.testing.assert_array_equal(after[layer][[0, 6, 3]], before[layer][[2, 5, 7]])
+        np.testing.assert_array_equal(after[layer][[1, 2, 4, 5, 7]], before[layer][[1, 2, 4, 5, 7]])
+    print("OK")
+    """
+)
+
+
+def test_store_and_load_on_attention_dp_caches_are_bit_exact():
+    out = subprocess.run(
+        [sys.executable, "-c", ATTENTION_DP], capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().endswith("OK")
