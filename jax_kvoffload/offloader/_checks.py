@@ -220,9 +220,7 @@ def assemble(
             enable_events=config.enable_kv_cache_events,
             tiers=None if tiers is None else tuple(tiers),
             pages=engine_pages(caches),
-            accelerator=any(
-                next(iter(gc.arrays[0].devices())).platform != "cpu" for gc in caches.values()
-            ),
+            accelerator=any(gc.on_accelerator for gc in caches.values()),
         )
     except HostPoolError as e:  # the pool's sizes come from the caller's budget
         raise OffloaderError(

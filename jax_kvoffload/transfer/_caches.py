@@ -152,6 +152,11 @@ class GroupCaches:
         return host_page_shape(self.arrays, self.layout, self.canonical_kv_heads)
 
     @property
+    def on_accelerator(self) -> bool:
+        """The arrays live on a GPU or TPU (a host pool "auto" is then "pinned")."""
+        return bool(next(iter(self.arrays[0].devices())).platform != "cpu")
+
+    @property
     def relays(self) -> bool:
         """The host pages are not the gathered bytes: stores and loads relay them."""
         return relays(self.arrays, self.canonical_kv_heads)

@@ -217,7 +217,8 @@ def gather_blocks(
             caches, layout, lambda cs: _gather(tuple(cs), ids, _ZERO, local=None, **kw)
         )
     local = mesh.local_plan(caches, layout)
-    staging: jax.Array = _gather(tuple(caches), ids, _ZERO, local=local, **kw)
+    zero = mesh.run_time_zero(caches, _ZERO)
+    staging: jax.Array = _gather(tuple(caches), ids, zero, local=local, **kw)
     if local is not None and _closed_over(staging, caches):
         staging = _gather(_constant_bits(caches), ids, _ZERO, local=local, **kw)
         staging = as_dtype(staging, caches[0].dtype)
@@ -278,7 +279,13 @@ def scatter_blocks(
     shardings = _mesh_shardings(caches)
     staging = _staging_arg(staging, local)
     out: list[jax.Array] = fn(
-        tuple(caches), ids, staging, _ZERO, shardings=shardings, local=local, **kw
+        tuple(caches),
+        ids,
+        staging,
+        mesh.run_time_zero(caches, _ZERO),
+        shardings=shardings,
+        local=local,
+        **kw,
     )
     if local is not None and _closed_over(out[0], caches):
         bits = fn(

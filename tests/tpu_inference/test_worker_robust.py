@@ -250,3 +250,25 @@ def test_a_save_spec_whose_blocks_and_chunks_do_not_pair_fails_that_request_only
     s.report()
     assert s.pinned_or_pending == 0
     s.hub.close()
+
+
+def test_the_host_pool_follows_the_caches_platform(monkeypatch):
+    """host_pool "auto" is the pinned pool on a TPU (the D2H copies are the rows): the
+    worker tells build_host_pool where the caches live (it said nothing before, so a TPU
+    engine got numpy rows and a host copy per block)."""
+    from jax_kvoffload.bridge.tpu_inference import _worker
+    from jax_kvoffload.transfer import GroupCaches
+
+    seen = {}
+    real = _worker.build_host_pool
+
+    def spy(*args, **kwargs):
+        seen.update(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(_worker, "build_host_pool", spy)
+    Setup(0)
+    assert seen.get("accelerator") is False, seen  # CPU arrays
+    monkeypatch.setattr(GroupCaches, "on_accelerator", property(lambda self: True))
+    Setup(0)
+    assert seen.get("accelerator") is True, seen

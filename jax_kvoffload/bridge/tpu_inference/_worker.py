@@ -100,6 +100,8 @@ class StoreWorker:
             {g: gc.block_bytes for g, gc in gcs.items()},
             1,
             kind=host.host_pool,
+            # "auto" is then "pinned" on a TPU: the D2H copies land in their rows.
+            accelerator=any(gc.on_accelerator for gc in gcs.values()),
         )
         engine = TransferEngine(gcs, pool)
         tiers: tuple = ()
