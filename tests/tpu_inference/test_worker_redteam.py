@@ -329,3 +329,71 @@ def test_ctrl_c_at_a_random_moment_of_a_step(seed, monkeypatch):
         assert (got[5:7] == ref[1:3]).all() or (got[5:7] == ref[5:7]).all(), f"seed={seed}"
     _all_chunks_hold_their_blocks(s, {0: 1, 1: 2, 2: 3, 3: 4})
     s.hub.close()
+
+
+def test_the_same_metadata_loaded_twice_is_loaded_and_reported_once():
+    # One bound metadata, start_load_kv called twice (a runner retrying the step):
+    # before, the second call loaded again and reported the chunks twice, and the
+    # scheduler side's complete_load raised KeyNotPinnedError (their scheduler: an
+    # assertion).
+    s = Setup(19)
+    saved_bits = s.bits()
+    s.saved(H[:2], [1, 2])
+    meta = NS(requests_meta=[s.load("a", H[:2], [5, 6])])
+    s.conn._get_connector_metadata = lambda: meta
+    s.worker.start_load_kv()
+    s.worker.start_load_kv()
+    stats = s.report()
+    assert stats.loads == [("a", [0, 1])] and s.pinned_or_pending == 0
+    del s.conn._get_connector_metadata
+    _check_next_step_works(s, saved_bits)
+
+
+@main_thread_only
+def test_ctrl_c_as_register_runner_attaches_leaves_one_engine(monkeypatch):
+    s = Setup(20)
+    saved_bits = s.bits()
+    s.hub.close()
+    w = StoreWorker(s.hub, s.conn, Stats(), "m", 4)
+    attach = s.hub.attach_worker
+
+    def interrupted_attach(*args):
+        attach(*args)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(s.hub, "attach_worker", interrupted_attach)
+    with pytest.raises(KeyboardInterrupt):
+        w.register_runner(s.runner)
+    monkeypatch.undo()
+    first = s.hub.engine
+    w.register_runner(s.runner)  # the retry keeps it (before: built a second one)
+    assert s.hub.engine is first and w._engine is first
+    s.worker = w
+    s.saved(H[:2], [1, 2])
+    _check_next_step_works(s, saved_bits)
+    assert first.closed
+
+
+@main_thread_only
+def test_ctrl_c_before_register_runner_attaches_closes_what_it_built(monkeypatch):
+    s = Setup(21)
+    s.hub.close()
+    s.hub.engine = None
+    w = StoreWorker(s.hub, s.conn, Stats(), "m", 4)
+    real, held, built = worker_module.TransferEngine, worker_module.deferred_interrupts, []
+
+    def kept_engine(*args, **kwargs):
+        built.append(real(*args, **kwargs))
+        return built[-1]
+
+    def ctrl_c_first():  # the signal lands just before the attaching step
+        os.kill(os.getpid(), signal.SIGINT)
+        return held()
+
+    monkeypatch.setattr(worker_module, "TransferEngine", kept_engine)
+    monkeypatch.setattr(worker_module, "deferred_interrupts", ctrl_c_first)
+    with pytest.raises(KeyboardInterrupt):
+        w.register_runner(s.runner)
+    monkeypatch.undo()
+    assert s.hub.engine is None and w._engine is None
+    assert built[0].closed  # before: left open, known to nobody

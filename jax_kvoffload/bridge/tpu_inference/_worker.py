@@ -68,6 +68,7 @@ class StoreWorker:
         self._loads: dict[int, list[tuple[str, list[int]]]] = {}  # job -> [(request, chunks)]
         self._finished: set[str] = set()
         self._saved_this_step = False
+        self._loaded: Any = None  # the metadata whose loads were taken (held: its id)
         # Their worker is driven from one thread; a second caller is refused before it
         # changes anything (it raced the first on the maps and the engine's arrays).
         self._guard = SingleCaller("StoreWorker", TPUConnectorStateError)
@@ -110,19 +111,29 @@ class StoreWorker:
         )
         engine = TransferEngine(gcs, pool)
         tiers: tuple = ()
-        if host.secondary_tiers:
-            shape = groups.shapes[0]
-            config = namespace_config(
-                self._model,
-                self._block_size,
-                caches[0].dtype,
-                shape,
-                len(caches),
-                self._hub.num_chunks * gcs[0].block_bytes,
-            )
-            tiers = open_tiers(config, host, pages=engine_pages(gcs))
-        self._hub.attach_worker(pool, engine, tiers, len(gcs))
-        self._runner, self._groups, self._engine = runner, groups, engine
+        try:
+            if host.secondary_tiers:
+                shape = groups.shapes[0]
+                config = namespace_config(
+                    self._model,
+                    self._block_size,
+                    caches[0].dtype,
+                    shape,
+                    len(caches),
+                    self._hub.num_chunks * gcs[0].block_bytes,
+                )
+                tiers = open_tiers(config, host, pages=engine_pages(gcs))
+            # The hub's and the worker's, together: a Ctrl-C between them left the hub's
+            # engine unknown to the worker, and a retry built another (never closed).
+            with deferred_interrupts():
+                self._hub.attach_worker(pool, engine, tiers, len(gcs))
+                self._runner, self._groups, self._engine = runner, groups, engine
+        except BaseException:
+            if self._engine is not engine:  # built, never attached: nobody would close it
+                for tier in tiers:
+                    tier.close()
+                engine.close()
+            raise
 
     def _register_again(self, runner: Any, caches: list[Any], groups: LayerGroups) -> None:
         """A second `register_runner` (a runner rebuilt in place): the pool's rows hold
@@ -147,8 +158,9 @@ class StoreWorker:
 
     # -- per step -------------------------------------------------------------------------
 
-    def _metadata(self) -> list[Any]:
-        meta = self._connector._get_connector_metadata()
+    def _metadata(self, meta: Any = None) -> list[Any]:
+        if meta is None:
+            meta = self._connector._get_connector_metadata()
         return list(getattr(meta, "requests_meta", None) or [])
 
     def _engine_and_groups(self) -> tuple[TransferEngine, LayerGroups]:
@@ -206,7 +218,11 @@ class StoreWorker:
             # One held step: the loads checked, submitted and recorded, or given back
             # (reported) without a copy; a Ctrl-C held here arrives at its end, below.
             with deferred_interrupts():
-                loads = [m for m in self._metadata() if _has_load(m)]
+                meta = self._connector._get_connector_metadata()
+                if meta is not None and meta is self._loaded:
+                    return  # loaded (or given back) already: a second load reported twice
+                self._loaded = meta
+                loads = [m for m in self._metadata(meta) if _has_load(m)]
                 if not loads:
                     return
                 record = [(m.req_id, list(m.load_spec.src_chunks)) for m in loads]
