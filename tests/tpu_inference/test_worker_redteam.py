@@ -397,3 +397,82 @@ def test_ctrl_c_before_register_runner_attaches_closes_what_it_built(monkeypatch
     monkeypatch.undo()
     assert s.hub.engine is None and w._engine is None
     assert built[0].closed  # before: left open, known to nobody
+
+
+def test_a_request_that_loads_and_saves_in_one_step_is_reported_for_both():
+    s = Setup(22)
+    saved_bits = s.bits()
+    s.saved(H[:2], [1, 2])
+    load, save = s.load("a", H[:2], [5, 6]), s.save("a", [H[4]], [3])
+    s.conn.meta = [NS(req_id="a", load_spec=load.load_spec, save_spec=save.save_spec)]
+    s.worker.start_load_kv()
+    s.worker.start_save_kv()
+    stats = s.report()
+    assert stats.loads == [("a", [0, 1])] and stats.saves == [("a", [2])]
+    assert s.pinned_or_pending == 0 and s.manager.lookup([H[4]]) == 1
+    _check_next_step_works(s, saved_bits)
+
+
+def test_the_store_evicts_no_chunk_a_load_in_flight_reads(monkeypatch):
+    # Store of 6 chunks: H0, H1 held and pinned by the load; the scheduler asks room
+    # for 6 more hashes while the load's copies run: refused whole (4 are free), and
+    # H0, H1 stay; once the load is reported they are evictable again.
+    s = Setup(23)
+    saved_bits = s.bits()
+    s.saved(H[:2], [1, 2])
+    s.conn.meta = [s.load("a", H[:2], [5, 6])]
+    copies = s.worker._engine._copies
+    fetch, running, release = copies.fetch, threading.Event(), threading.Event()
+
+    def slow_fetch(plan, load):
+        running.set()
+        release.wait(10)
+        fetch(plan, load)
+
+    monkeypatch.setattr(copies, "fetch", slow_fetch)
+    loader = threading.Thread(target=s.worker.start_load_kv)
+    loader.start()
+    assert running.wait(10)
+    more = [bytes([0xA0 + i]) * 32 for i in range(6)]
+    assert s.manager.allocate_for_save(more) is None
+    assert s.manager.lookup(H[:2]) == 2
+    release.set()
+    loader.join(10)
+    monkeypatch.undo()
+    for got, want in zip(s.bits(), saved_bits, strict=True):
+        np.testing.assert_array_equal(got[5:7], want[1:3])
+    s.report()
+    assert s.pinned_or_pending == 0
+    chunks, _ = s.manager.allocate_for_save(more[:5])  # now H0 or H1 makes room
+    assert len(chunks) == 5
+    s.hub.close()
+
+
+@main_thread_only
+def test_shutdown_with_a_cancelled_load_and_a_save_in_flight_reports_both(monkeypatch):
+    s = Setup(24)
+    s.saved(H[:2], [1, 2])
+    before = s.bits()
+    s.conn.meta = [s.load("a", H[:2], [5, 6]), s.save("b", [H[4]], [3])]
+    copies = s.worker._engine._copies
+    for name in ("fetch", "write"):
+        f = getattr(copies, name)
+        monkeypatch.setattr(copies, name, lambda *a, f=f: (time.sleep(0.2), f(*a))[1])
+    timer = threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGINT))
+    timer.start()
+    with pytest.raises(KeyboardInterrupt):
+        s.worker.start_load_kv()
+    timer.join()
+    s.worker.start_save_kv()
+    s.hub.close()  # waits for both
+    stats = s.worker.get_kv_connector_stats()
+    _feed(s, stats)
+    assert stats.loads == [("a", [0, 1])] and stats.saves == [("b", [2])]
+    assert s.pinned_or_pending == 0 and s.manager.lookup([H[4]]) == 1
+    for got, want in zip(s.bits(), before, strict=True):
+        np.testing.assert_array_equal(got, want)
+    s.conn.meta = [s.save("c", [H[5]], [4])]  # after close: reported failed, freed
+    s.worker.start_load_kv()
+    s.worker.start_save_kv()
+    _feed(s, s.worker.get_kv_connector_stats())
+    assert s.pinned_or_pending == 0 and s.manager.lookup([H[5]]) == 0
