@@ -476,3 +476,21 @@ def test_shutdown_with_a_cancelled_load_and_a_save_in_flight_reports_both(monkey
     s.worker.start_save_kv()
     _feed(s, s.worker.get_kv_connector_stats())
     assert s.pinned_or_pending == 0 and s.manager.lookup([H[5]]) == 0
+
+
+def test_a_chunk_whose_save_failed_or_is_in_flight_is_never_loadable(monkeypatch):
+    s = Setup(25)
+    s.conn.meta = [s.save("bad", [H[0]], [99]), s.save("slow", [H[1]], [1])]
+    copies = s.worker._engine._copies
+    write, release = copies.write, threading.Event()
+    monkeypatch.setattr(copies, "write", lambda *a: (release.wait(10), write(*a))[1])
+    s.worker.start_load_kv()
+    s.worker.start_save_kv()
+    _feed(s, s.worker.get_kv_connector_stats())  # the failed one, reported at once
+    assert s.manager.lookup([H[0]]) == 0  # failed: freed, not served
+    assert s.manager.lookup([H[1]]) == 0  # in flight: write-pending, not counted
+    release.set()
+    s.report()
+    assert s.manager.lookup([H[0]]) == 0 and s.manager.lookup([H[1]]) == 1
+    assert s.pinned_or_pending == 0
+    s.hub.close()
