@@ -28,6 +28,7 @@ import pytest
 from jax_kvoffload.bridge.tpu_inference import _worker as worker_module
 from jax_kvoffload.bridge.tpu_inference._errors import TPUConnectorStateError
 from jax_kvoffload.bridge.tpu_inference._worker import StoreWorker
+from jax_kvoffload.errors import KVOffloadError
 from tests.tpu_inference.test_worker_robust import (
     H,
     Setup,
@@ -537,3 +538,20 @@ def test_ctrl_c_as_an_entry_point_returns_leaves_the_worker_usable():
     with pytest.raises(KeyboardInterrupt):
         s.worker.get_kv_connector_stats()  # nothing to report: the guard alone
     _check_next_step_works(s, saved_bits)
+
+
+def test_saves_from_caches_the_engine_refuses_are_reported_failed():
+    # The runner's arrays replaced by ones of another shape: the step raises, and its
+    # saves are reported failed (before: never reported, their chunks write-pending).
+    s = Setup(27)
+    good = s.runner.kv_caches
+    s.conn.meta = [s.save("a", [H[0]], [1])]
+    s.worker.start_load_kv()
+    s.runner.kv_caches = [a[:4] for a in good]
+    with pytest.raises(KVOffloadError):
+        s.worker.start_save_kv()
+    s.runner.kv_caches = good
+    stats = s.report()
+    assert stats.saves == [("a", [0])]
+    assert s.pinned_or_pending == 0 and s.manager.lookup([H[0]]) == 0
+    s.hub.close()

@@ -305,7 +305,12 @@ class StoreWorker:
                 for m in saves:  # their chunks are freed, not write-pending for good
                     self._fail_save(m.req_id, list(m.save_spec.dst_chunks), "no runner")
             engine, groups = self._engine_and_groups()
-            caches = self._sync_in()
+            try:
+                caches = self._sync_in()
+            except KVOffloadError as exc:  # the runner's arrays refused: nothing saved
+                for m in saves:
+                    self._fail_save(m.req_id, list(m.save_spec.dst_chunks), str(exc))
+                raise
             try:
                 for m in saves:
                     self._submit_save(engine, len(groups.layers), m)
