@@ -55,6 +55,12 @@ def check_caches(
     """Refuses caches that contradict the config: groups, layers, dtype, block tokens,
     bytes per block, and (canonical pages) every KV head. Returns them, as groups with
     canonical host pages when the config asks for those."""
+    if total_kv_heads is not None and check_index("total_kv_heads", total_kv_heads) < 1:
+        # 0 divided by zero in the RPA check; a negative count blamed the caches.
+        raise OffloaderError(
+            f"total_kv_heads={total_kv_heads} must be >= 1: the model's KV heads "
+            "(num_key_value_heads of its config), or None"
+        )
     groups = {g.group_id: g for g in config.groups}
     unknown = sorted(set(caches) - set(groups))
     missing = sorted(set(groups) - set(caches))

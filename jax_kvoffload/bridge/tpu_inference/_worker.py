@@ -23,7 +23,7 @@ import itertools
 import logging
 from typing import Any
 
-from jax_kvoffload._interrupts import deferred_interrupts
+from jax_kvoffload._interrupts import SingleCaller, deferred_interrupts
 from jax_kvoffload.assembly import engine_pages, open_tiers
 from jax_kvoffload.bridge.tpu_inference._errors import (
     TPUConnectorConfigError,
@@ -68,10 +68,18 @@ class StoreWorker:
         self._loads: dict[int, list[tuple[str, list[int]]]] = {}  # job -> [(request, chunks)]
         self._finished: set[str] = set()
         self._saved_this_step = False
+        self._loaded: Any = None  # the metadata whose loads were taken (held: its id)
+        # Their worker is driven from one thread; a second caller is refused before it
+        # changes anything (it raced the first on the maps and the engine's arrays).
+        self._guard = SingleCaller("StoreWorker", TPUConnectorStateError)
 
     # -- their runner contract ----------------------------------------------------------
 
     def register_runner(self, runner: Any) -> None:
+        with self._guard:
+            self._register_runner(runner)
+
+    def _register_runner(self, runner: Any) -> None:
         caches = list(runner.kv_caches)
         groups = group_layers(caches)
         if self._engine is not None:
@@ -105,19 +113,29 @@ class StoreWorker:
         )
         engine = TransferEngine(gcs, pool)
         tiers: tuple = ()
-        if host.secondary_tiers:
-            shape = groups.shapes[0]
-            config = namespace_config(
-                self._model,
-                self._block_size,
-                caches[0].dtype,
-                shape,
-                len(caches),
-                self._hub.num_chunks * gcs[0].block_bytes,
-            )
-            tiers = open_tiers(config, host, pages=engine_pages(gcs))
-        self._hub.attach_worker(pool, engine, tiers, len(gcs))
-        self._runner, self._groups, self._engine = runner, groups, engine
+        try:
+            if host.secondary_tiers:
+                shape = groups.shapes[0]
+                config = namespace_config(
+                    self._model,
+                    self._block_size,
+                    caches[0].dtype,
+                    shape,
+                    len(caches),
+                    self._hub.num_chunks * gcs[0].block_bytes,
+                )
+                tiers = open_tiers(config, host, pages=engine_pages(gcs))
+            # The hub's and the worker's, together: a Ctrl-C between them left the hub's
+            # engine unknown to the worker, and a retry built another (never closed).
+            with deferred_interrupts():
+                self._hub.attach_worker(pool, engine, tiers, len(gcs))
+                self._runner, self._groups, self._engine = runner, groups, engine
+        except BaseException:
+            if self._engine is not engine:  # built, never attached: nobody would close it
+                for tier in tiers:
+                    tier.close()
+                engine.close()
+            raise
 
     def _register_again(self, runner: Any, caches: list[Any], groups: LayerGroups) -> None:
         """A second `register_runner` (a runner rebuilt in place): the pool's rows hold
@@ -142,8 +160,9 @@ class StoreWorker:
 
     # -- per step -------------------------------------------------------------------------
 
-    def _metadata(self) -> list[Any]:
-        meta = self._connector._get_connector_metadata()
+    def _metadata(self, meta: Any = None) -> list[Any]:
+        if meta is None:
+            meta = self._connector._get_connector_metadata()
         return list(getattr(meta, "requests_meta", None) or [])
 
     def _engine_and_groups(self) -> tuple[TransferEngine, LayerGroups]:
@@ -185,41 +204,52 @@ class StoreWorker:
         written back and the load reported, whole. A load that did not finish (failed,
         or cancelled: then by the next `get_kv_connector_stats` once it ended) is
         reported all the same, so that the scheduler side gives back its pins; its
-        blocks hold unspecified bytes.
+        blocks hold unspecified bytes. So is a load refused before any copy (unpaired
+        blocks and chunks, before `register_runner`): every load of the step, then.
+        One caller at a time: a second thread's call raises `TPUConnectorStateError`
+        (on every entry point) before it changes anything.
         """
-        self._saved_this_step = False
-        loads = [
-            m
-            for m in self._metadata()
-            if m.load_spec is not None and m.load_spec.can_load and m.load_spec.dst_blocks
-        ]
-        if not loads:
-            return
-        engine, groups = self._engine_and_groups()
-        for m in loads:  # one chunk per block: a mismatch would shift every later pair
-            spec = m.load_spec
-            if len(spec.dst_blocks) != len(spec.src_chunks):
-                raise TPUConnectorStateError(
-                    f"request {m.req_id}: load_spec has {len(spec.dst_blocks)} dst_blocks "
-                    f"and {len(spec.src_chunks)} src_chunks; a chunk holds one block, so "
-                    "they must pair one to one (nothing was loaded)"
-                )
-        blocks = tuple(b for m in loads for b in m.load_spec.dst_blocks)
-        chunks = tuple(c for m in loads for c in m.load_spec.src_chunks)
-        record = [(m.req_id, list(m.load_spec.src_chunks)) for m in loads]
-        transfers = [GroupTransfer(g, blocks, chunks) for g in range(len(groups.layers))]
+        with self._guard:
+            self._saved_this_step = False
+            self._start_load_kv()
+
+    def _start_load_kv(self) -> None:
         job = next(self._ids)
         caches: list[Any] = []
         try:
-            with deferred_interrupts():  # a Ctrl-C held here arrives at its end: below
-                caches = self._sync_in()
+            # One held step: the loads checked, submitted and recorded, or given back
+            # (reported) without a copy; a Ctrl-C held here arrives at its end, below.
+            with deferred_interrupts():
+                meta = self._connector._get_connector_metadata()
+                if meta is not None and meta is self._loaded:
+                    return  # loaded (or given back) already: a second load reported twice
+                self._loaded = meta
+                loads = [m for m in self._metadata(meta) if _has_load(m)]
+                if not loads:
+                    return
+                record = [(m.req_id, list(m.load_spec.src_chunks)) for m in loads]
                 try:
-                    engine.submit_load(job, transfers)
+                    engine, groups = self._engine_and_groups()
+                    _check_loads(loads)
+                    blocks = tuple(b for m in loads for b in m.load_spec.dst_blocks)
+                    chunks = tuple(c for m in loads for c in m.load_spec.src_chunks)
+                    caches = self._sync_in()
+                    engine.submit_load(
+                        job, [GroupTransfer(g, blocks, chunks) for g in range(len(groups.layers))]
+                    )
                 except Exception:
                     self._record_loads(record)  # nothing was queued: its pins go back now
                     raise
                 self._loads[job] = record
             engine.join([job])  # blocks; may be interrupted, changes nothing
+            # Inside the try: a Ctrl-C between the join and this block cancels the load
+            # as one in the join does (outside it, the load stayed queued and its later
+            # completion donated the runner's arrays).
+            with deferred_interrupts():
+                (result,) = engine.wait([job])  # its copies ended: the scatter, at once
+                del self._loads[job]
+                self._sync_out(caches)
+                self._record_loads(record)
         except BaseException:
             if job in self._loads:
                 with deferred_interrupts():
@@ -228,11 +258,6 @@ class StoreWorker:
                     engine.discard(job)
                     self._sync_out(caches)
             raise
-        with deferred_interrupts():
-            (result,) = engine.wait([job])  # its copies ended: the scatter, at once
-            del self._loads[job]
-            self._sync_out(caches)
-            self._record_loads(record)
         if not result.success:
             raise TPUConnectorStateError(
                 f"loading chunks {list(chunks)} into blocks {list(blocks)} failed: "
@@ -248,32 +273,46 @@ class StoreWorker:
         call it); the gathers are dispatched now, the copies finish in the background.
 
         A request whose save cannot be submitted (its `src_blocks` and `dst_chunks` do
-        not pair one to one, or the engine refuses them, e.g. a block out of range)
+        not pair one to one, chunks without blocks included, a chunk is named twice, or
+        the engine refuses them, e.g. a block out of range; also every request before
+        `register_runner`)
         fails alone, as in their worker (non-batched, their default: it logs the request
         and saves the others); unlike theirs, its chunks are reported failed
         (`Hub.fail_saves`), so that the scheduler side frees them instead of keeping
         them write-pending. The step's saves are submitted and recorded with SIGINT
         held (whole, or not at all: an interrupt arrives after them).
         """
+        with self._guard:
+            self._start_save_kv()
+
+    def _start_save_kv(self) -> None:
         if self._saved_this_step:
             return
-        saves = []
-        for m in self._metadata():
-            spec = m.save_spec
-            if spec is None:
-                continue
-            if spec.skip_save:
-                if spec.is_final_save:
-                    self._finished.add(m.req_id)
-                continue
-            if spec.src_blocks:
-                saves.append(m)
-        self._saved_this_step = True
-        if not saves:
-            return
-        engine, groups = self._engine_and_groups()
-        with deferred_interrupts():
-            caches = self._sync_in()
+        with deferred_interrupts():  # the step's saves submitted and recorded, whole
+            saves = []
+            for m in self._metadata():
+                spec = m.save_spec
+                if spec is None:
+                    continue
+                if spec.skip_save:
+                    if spec.is_final_save:
+                        self._finished.add(m.req_id)
+                    continue
+                if spec.src_blocks or spec.dst_chunks:  # chunks alone: failed below
+                    saves.append(m)
+            self._saved_this_step = True
+            if not saves:
+                return
+            if self._engine is None:
+                for m in saves:  # their chunks are freed, not write-pending for good
+                    self._fail_save(m.req_id, list(m.save_spec.dst_chunks), "no runner")
+            engine, groups = self._engine_and_groups()
+            try:
+                caches = self._sync_in()
+            except KVOffloadError as exc:  # the runner's arrays refused: nothing saved
+                for m in saves:
+                    self._fail_save(m.req_id, list(m.save_spec.dst_chunks), str(exc))
+                raise
             try:
                 for m in saves:
                     self._submit_save(engine, len(groups.layers), m)
@@ -282,6 +321,15 @@ class StoreWorker:
 
     def _submit_save(self, engine: TransferEngine, num_groups: int, m: Any) -> None:
         blocks, chunks = tuple(m.save_spec.src_blocks), tuple(m.save_spec.dst_chunks)
+        if len(set(chunks)) != len(chunks):
+            # Two blocks into one chunk: it would hold either, reported saved as one.
+            self._fail_save(
+                m.req_id,
+                sorted(set(chunks)),
+                f"save_spec names dst_chunks {list(chunks)}, some twice; each chunk holds "
+                "one block",
+            )
+            return
         if len(blocks) != len(chunks):
             # The engine alone would accept more chunks than blocks (it checks that the
             # chunks hold the blocks) and report the unwritten chunks saved.
@@ -327,13 +375,31 @@ class StoreWorker:
                 self._stats.record_save(req=req, saved_chunk_ids=chunks)
 
     def get_kv_connector_stats(self) -> Any:
-        self._collect()
+        with self._guard:
+            self._collect()
         if self._stats.is_empty():
             return None
         return self._stats.clone_and_reset()
 
     def get_finished(self) -> tuple[set[str], set[str]]:
-        self.start_save_kv()
-        self._collect()
-        finished, self._finished = self._finished, set()
-        return finished, set()
+        with self._guard:
+            self._start_save_kv()
+            self._collect()
+            finished, self._finished = self._finished, set()
+            return finished, set()
+
+
+def _has_load(m: Any) -> bool:
+    spec = m.load_spec  # chunks without blocks: pinned all the same, refused below
+    return spec is not None and spec.can_load and bool(spec.dst_blocks or spec.src_chunks)
+
+
+def _check_loads(loads: list[Any]) -> None:
+    for m in loads:  # one chunk per block: a mismatch would shift every later pair
+        spec = m.load_spec
+        if len(spec.dst_blocks) != len(spec.src_chunks):
+            raise TPUConnectorStateError(
+                f"request {m.req_id}: load_spec has {len(spec.dst_blocks)} dst_blocks "
+                f"and {len(spec.src_chunks)} src_chunks; a chunk holds one block, so "
+                "they must pair one to one (nothing was loaded)"
+            )
