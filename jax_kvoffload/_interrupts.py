@@ -88,22 +88,39 @@ class SingleCaller:
 
     A call that arrives while another call is inside (from a second thread, or from a
     signal handler that interrupted the first) raises `error` instead of running on
-    half-updated maps. Cheap: one non-blocking lock acquire per call.
+    half-updated maps. Cheap: two C calls per entry, one per exit.
+
+    Ctrl-C never leaves it held. Its exit is the lock's own C `__exit__` (stored in the
+    `__exit__` slot, which `with` looks up on the type and binds to the instance), so no
+    bytecode (and no signal check) runs between the body's end and the release: a
+    Python `__exit__` took `KeyboardInterrupt` at its first bytecode, before it released
+    the lock, and every later call was refused (a SIGINT storm on `with guard: pass` got
+    it stuck at the first interrupt). An interrupt raised inside `__enter__` just after
+    the acquire releases what this thread owns before it propagates.
     """
 
+    __slots__ = ("__exit__", "_error", "_lock", "_what")
+
     def __init__(self, what: str, error: type[Exception]) -> None:
-        self._lock = threading.Lock()
+        # An RLock only for `_is_owned()`: a second entry by the owning thread (a signal
+        # handler inside a call) is refused before the acquire, as any other is.
+        self._lock = threading.RLock()
         self._what = what
         self._error = error
+        self.__exit__ = self._lock.__exit__
 
     def __enter__(self) -> None:
-        if not self._lock.acquire(blocking=False):
+        lock = self._lock
+        try:
+            entered = not lock._is_owned() and lock.acquire(blocking=False)  # type: ignore[attr-defined]  # C RLock
+        except BaseException:  # interrupted between the acquire and here: give it back
+            if lock._is_owned():  # type: ignore[attr-defined]
+                lock.release()
+            raise
+        if not entered:
             raise self._error(
                 f"{self._what} was called from thread {threading.current_thread().name!r} "
                 "while another call is inside it (another thread, or a signal handler): it "
                 "is driven from one thread at a time; call it from the engine's thread, or "
                 "serialise the calls with a lock"
             )
-
-    def __exit__(self, *exc: object) -> None:
-        self._lock.release()

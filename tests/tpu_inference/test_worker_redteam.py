@@ -497,47 +497,9 @@ def test_a_chunk_whose_save_failed_or_is_in_flight_is_never_loadable(monkeypatch
     s.hub.close()
 
 
-class _LockReleasedLate:
-    """A guard's lock whose release is reached one bytecode late: a SIGINT lands first,
-    as a real one does at `SingleCaller.__exit__`'s first bytecode (its RESUME checks
-    for signals before `release()` runs); measured with real signals too: a SIGINT
-    storm on `with guard: pass` leaves the lock held within a few interrupts."""
-
-    def __init__(self, lock):
-        self._lock = lock
-        self.armed = True
-
-    def acquire(self, *args, **kwargs):
-        return self._lock.acquire(*args, **kwargs)
-
-    def release(self):
-        if self.armed:
-            self.armed = False
-            os.kill(os.getpid(), signal.SIGINT)  # handled here, before the release
-        self._lock.release()
-
-    def locked(self):
-        return self._lock.locked()
-
-
-@main_thread_only
-@pytest.mark.xfail(
-    strict=True,
-    raises=TPUConnectorStateError,
-    reason="SingleCaller (jax_kvoffload/_interrupts.py, shared with TransferEngine) "
-    "releases its lock in a Python __exit__: a Ctrl-C handled at its first bytecode "
-    "leaves the lock held for good, and every later call raises 'another call is "
-    "inside it' (the worker, or the engine, is dead). Needs a guard whose release "
-    "runs without a signal check before it (e.g. the lock's own C __exit__)",
-)
-def test_ctrl_c_as_an_entry_point_returns_leaves_the_worker_usable():
-    s = Setup(26)
-    saved_bits = s.bits()
-    s.saved(H[:2], [1, 2])
-    s.worker._guard._lock = _LockReleasedLate(s.worker._guard._lock)
-    with pytest.raises(KeyboardInterrupt):
-        s.worker.get_kv_connector_stats()  # nothing to report: the guard alone
-    _check_next_step_works(s, saved_bits)
+# A Ctrl-C landing as a guarded call returns (the red team's strict xfail here) left
+# `SingleCaller`'s lock held for good; its exit is now the lock's own C `__exit__`:
+# tests/faults/test_single_caller.py runs a SIGINT storm on the guard and the engine.
 
 
 def test_saves_from_caches_the_engine_refuses_are_reported_failed():
