@@ -46,8 +46,10 @@ import numpy.typing as npt
 
 import pallas_kernels as pk
 from jax_kvoffload.bridge._job_plan import JobSpecError, TensorMove, int_ids, plan_job
-from jax_kvoffload.bridge._tensor_bytes import TensorBytes, UnitRows
+from jax_kvoffload.bridge._tensor_bytes import UnitRows
 from jax_kvoffload.bridge._torch_dma import SlotDMA, page_lock, page_unlock
+from jax_kvoffload.bridge._torch_layout import check_int as _check_int
+from jax_kvoffload.bridge._torch_layout import check_layout, host_widths
 from jax_kvoffload.bridge._torch_streams import copy_stream, submit_event
 from jax_kvoffload.config.internals import checked_arguments
 from jax_kvoffload.errors import KVOffloadStateError, KVOffloadTypeError
@@ -120,35 +122,6 @@ def _slot_memory(num_chunks: int, widths: dict[int, int], bpc: int) -> npt.NDArr
     return np.frombuffer(mmap.mmap(-1, max(1, nbytes)), dtype=np.uint8)[:nbytes]
 
 
-def host_widths(group_refs: Sequence[Sequence[tuple[int, int]]]) -> dict[int, int]:
-    """Tensor index -> bytes a host slot holds per block: the widest unpadded page of the
-    refs on that tensor (vLLM copies each ref's page from the start of the block's row,
-    so the widest covers every ref). Tensors without a non-empty ref are left out."""
-    out: dict[int, int] = {}
-    for refs in group_refs:
-        for idx, unpadded in refs:
-            if unpadded:
-                out[idx] = max(out.get(idx, 0), unpadded)
-    return dict(sorted(out.items()))
-
-
-def _pair(name: str, index: int, value: object) -> tuple[object, object]:
-    if not isinstance(value, (tuple, list)) or len(value) != 2:
-        raise KVOffloadTypeError(
-            f"{name}[{index}] must be a pair (tensors: (tensor, page_size_bytes); refs: "
-            f"(tensor_idx, unpadded_page_bytes)), got {value!r:.80}"
-        )
-    return value[0], value[1]
-
-
-def _check_int(name: str, value: object, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise KVOffloadTypeError(f"{name} must be an int, got {value!r}")
-    if value < minimum:
-        raise JobSpecError(f"{name}={value} must be >= {minimum}")
-    return int(value)
-
-
 @checked_arguments
 class TorchKVWorker:
     """Moves blocks between torch KV tensors and a host chunk pool.
@@ -205,40 +178,9 @@ class TorchKVWorker:
         num_chunks = _check_int("num_chunks", num_chunks, 0)
         bucket_sizes(0, max_bucket)  # validates max_bucket
         max_staging_bytes = _check_int("max_staging_bytes", max_staging_bytes, 0)
-        for what, value in (("tensors", tensors), ("group_refs", group_refs)):
-            if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
-                raise KVOffloadTypeError(
-                    f"{what} must be a list (vLLM's CanonicalKVCaches.{what}), got "
-                    f"{type(value).__name__} {value!r:.40}; pass e.g. "
-                    + ("[(tensor, page_size_bytes)]" if what == "tensors" else "[[(0, page)]]")
-                )
-        self._geo = [
-            TensorBytes.of(*_pair("tensors", i, pair), name=f"tensors[{i}]")
-            for i, pair in enumerate(tensors)
-        ]
-        pairs = [
-            [_pair(f"group_refs[{g}]", i, ref) for i, ref in enumerate(refs)]
-            for g, refs in enumerate(group_refs)
-        ]
-        self._group_refs: list[list[tuple[int, int]]] = []
-        ref_widths: dict[int, set[int]] = {}
-        for g, refs in enumerate(pairs):
-            checked = []
-            for raw_idx, raw_unpadded in refs:
-                idx = _check_int(f"group {g} ref tensor_idx", raw_idx, 0)
-                unpadded = _check_int(f"group {g} ref page_size_bytes", raw_unpadded, 0)
-                checked.append((idx, unpadded))
-                if idx >= len(self._geo) or unpadded > self._geo[idx].page:
-                    raise JobSpecError(
-                        f"group {g}: a ref to tensor {idx} of {unpadded} bytes; refs must "
-                        f"point at one of the {len(self._geo)} tensors and fit its page"
-                    )
-                if unpadded:
-                    ref_widths.setdefault(idx, set()).add(unpadded)
-            self._group_refs.append(checked)
-        self.widths = host_widths(self._group_refs)
-        for t, width in self.widths.items():
-            self._geo[t].check_width(width, f"tensor {t}")
+        layout = check_layout(tensors, group_refs)
+        self._geo, self._group_refs, self.widths = layout.geo, layout.group_refs, layout.widths
+        ref_widths = layout.ref_widths
         self._result_type = result_type
         devices = {self._geo[t].device for t in self.widths}
         if dma is None:
