@@ -320,7 +320,7 @@ def _staging_arg(staging: jax.Array, local: mesh.LocalPlan | None) -> jax.Array:
         return staging
     if isinstance(staging, jax.core.Tracer):
         return staging
-    want = NamedSharding(local.mesh, local.staging_spec)
+    want = local.staging_sharding
     if staging.sharding.is_equivalent_to(want, staging.ndim):
         return staging
     moved: jax.Array = jax.device_put(as_bits(staging), want)

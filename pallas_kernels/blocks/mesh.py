@@ -25,6 +25,7 @@ FIRST-stacked cache) keeps the global path.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -54,6 +55,11 @@ class LocalPlan:
     cache_spec: PartitionSpec
     staging_spec: PartitionSpec
     block_axes: tuple[str, ...] = ()
+
+    @functools.cached_property
+    def staging_sharding(self) -> NamedSharding:
+        """Where the staging of these caches lives (``staging_sharding``)."""
+        return NamedSharding(self.mesh, self.staging_spec)
 
     def owned_ids(self, block_ids: jax.Array, num_local_blocks: int) -> tuple[jax.Array, jax.Array]:
         """Inside ``run``: each id as an index into this device's blocks, and whether
@@ -113,17 +119,10 @@ def _plan(first: NamedSharding, shape: tuple[int, ...], layout: KVLayout) -> Loc
         return None
     entry = spec[axis]
     blocks = () if entry is None else tuple(entry if isinstance(entry, tuple) else (entry,))
-    if blocks and shape[axis] % _size(first.mesh, blocks):
+    if blocks and shape[axis] % math.prod(first.mesh.shape[n] for n in blocks):
         return None  # uneven block shards: the global path
     page = tuple(p for i, p in enumerate(spec) if i != axis)
     return LocalPlan(first.mesh, PartitionSpec(*spec), PartitionSpec(None, None, *page), blocks)
-
-
-def _size(mesh: Any, names: tuple[str, ...]) -> int:
-    size = 1
-    for name in names:
-        size *= mesh.shape[name]
-    return size
 
 
 def _without_trivial(entry: Any, mesh: jax.sharding.Mesh | jax.sharding.AbstractMesh) -> Any:
@@ -145,7 +144,7 @@ def staging_sharding(caches: Sequence[jax.Array], layout: KVLayout) -> NamedShar
     from .checks import check_caches  # checks imports this module
 
     plan = local_plan(check_caches(caches, layout), layout)
-    return None if plan is None else NamedSharding(plan.mesh, plan.staging_spec)
+    return None if plan is None else plan.staging_sharding
 
 
 def run_time_zero(caches: Sequence[jax.Array], zero: np.ndarray) -> jax.Array | np.ndarray:
@@ -212,7 +211,7 @@ def gather_one_device_at_a_time(
     if plan is None or plan.block_axes:
         staging: jax.Array = run([jax.device_put(c, home) for c in caches])
         if plan is not None:  # blocks split: where the per-device path puts it
-            staging = jax.device_put(staging, NamedSharding(plan.mesh, plan.staging_spec))
+            staging = jax.device_put(staging, plan.staging_sharding)
         return staging
     per_cache = [_shards(c) for c in caches]
     pieces = []
@@ -220,9 +219,7 @@ def gather_one_device_at_a_time(
         staged = run([jax.device_put(groups[key][0].data, home) for groups in per_cache])
         pieces += [jax.device_put(staged, s.device) for s in shards]
     shape = (pieces[0].shape[0], len(caches), *layout.page_shape(tuple(caches[0].shape)))
-    return jax.make_array_from_single_device_arrays(
-        shape, NamedSharding(plan.mesh, plan.staging_spec), pieces
-    )
+    return jax.make_array_from_single_device_arrays(shape, plan.staging_sharding, pieces)
 
 
 def scatter_one_device_at_a_time(

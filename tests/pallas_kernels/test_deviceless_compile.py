@@ -47,24 +47,18 @@ def test_kernels_compile_without_the_device(devices, platform, backend, case):
 SHARDED = [(p, b) for p, backends in dc.PLATFORM_BACKENDS.items() for b in backends]
 
 
-@pytest.mark.parametrize(
-    ("platform", "backend"), SHARDED, ids=[f"{p}-{b}-sharded" for p, b in SHARDED]
-)
-def test_kernels_compile_per_device_on_a_sharded_mesh(devices, platform, backend):
-    # Heads sharded over every device of the topology: the shard_map path (docs/kernels.md).
-    devs = devices(platform)
-    if len(devs) < 2:
-        pytest.skip(f"the {platform} compile topology has one device")
-    assert dc.compile_sharded(devs, backend) > 0
+# (blocks split?, devices needed, what): heads sharded over every device of the topology
+# (the shard_map path, docs/kernels.md); blocks over one mesh axis and heads over the
+# other (tpu-inference's attention-DP meshes: each device moves the ids it owns, the
+# gathered rows combined with a psum).
+MESHES = {"sharded": (False, 2), "blocks-and-heads": (True, 4)}
 
 
-@pytest.mark.parametrize(
-    ("platform", "backend"), SHARDED, ids=[f"{p}-{b}-blocks-and-heads" for p, b in SHARDED]
-)
-def test_kernels_compile_per_device_with_blocks_split(devices, platform, backend):
-    # Blocks over one mesh axis, heads over the other (tpu-inference's attention-DP meshes):
-    # each device moves the ids it owns, the rows are combined with a psum.
+@pytest.mark.parametrize("mesh", list(MESHES))
+@pytest.mark.parametrize(("platform", "backend"), SHARDED, ids=[f"{p}-{b}" for p, b in SHARDED])
+def test_kernels_compile_per_device_on_a_sharded_mesh(devices, platform, backend, mesh):
+    blocks, needed = MESHES[mesh]
     devs = devices(platform)
-    if len(devs) < 4:
-        pytest.skip(f"the {platform} compile topology has {len(devs)} devices (needs 4)")
-    assert dc.compile_sharded(devs, backend, blocks=True) > 0
+    if len(devs) < needed:
+        pytest.skip(f"the {platform} compile topology has {len(devs)} devices (needs {needed})")
+    assert dc.compile_sharded(devs, backend, blocks=blocks) > 0

@@ -46,6 +46,20 @@ def _feed(s, stats):
         s.manager.mark_completion(ids, "load")
 
 
+def _hold_fetch(monkeypatch, s):
+    """The worker's next load fetch waits on `release` once it is `running`."""
+    copies = s.worker._engine._copies
+    fetch, running, release = copies.fetch, threading.Event(), threading.Event()
+
+    def slow_fetch(plan, load):
+        running.set()
+        release.wait(10)
+        fetch(plan, load)
+
+    monkeypatch.setattr(copies, "fetch", slow_fetch)
+    return running, release
+
+
 def _save_spec(blocks, chunks):
     return NS(skip_save=False, is_final_save=False, src_blocks=blocks, dst_chunks=chunks)
 
@@ -148,8 +162,7 @@ def test_ctrl_c_between_a_loads_wait_and_its_completion_cancels_it(monkeypatch):
     monkeypatch.undo()
     stats = s.report()  # before: "Array has been deleted" (its completion donated them)
     assert stats.loads == [("a", [0, 1])] and s.pinned_or_pending == 0
-    for got, want in zip(s.bits(), before, strict=True):
-        np.testing.assert_array_equal(got, want)
+    s.assert_bits(before)
     assert s.report() is None
     _check_next_step_works(s, saved_bits)
 
@@ -208,15 +221,7 @@ def test_a_second_thread_is_refused_before_it_changes_anything(monkeypatch):
     saved_bits = s.bits()
     s.saved(H[:2], [1, 2])
     s.conn.meta = [s.load("a", H[:2], [5, 6]), s.save("b", [H[4]], [3])]
-    copies = s.worker._engine._copies
-    fetch, running, release = copies.fetch, threading.Event(), threading.Event()
-
-    def slow_fetch(plan, load):
-        running.set()
-        release.wait(10)
-        fetch(plan, load)
-
-    monkeypatch.setattr(copies, "fetch", slow_fetch)
+    running, release = _hold_fetch(monkeypatch, s)
     loader = threading.Thread(target=s.worker.start_load_kv)
     loader.start()
     assert running.wait(10)
@@ -422,15 +427,7 @@ def test_the_store_evicts_no_chunk_a_load_in_flight_reads(monkeypatch):
     saved_bits = s.bits()
     s.saved(H[:2], [1, 2])
     s.conn.meta = [s.load("a", H[:2], [5, 6])]
-    copies = s.worker._engine._copies
-    fetch, running, release = copies.fetch, threading.Event(), threading.Event()
-
-    def slow_fetch(plan, load):
-        running.set()
-        release.wait(10)
-        fetch(plan, load)
-
-    monkeypatch.setattr(copies, "fetch", slow_fetch)
+    running, release = _hold_fetch(monkeypatch, s)
     loader = threading.Thread(target=s.worker.start_load_kv)
     loader.start()
     assert running.wait(10)
@@ -470,8 +467,7 @@ def test_shutdown_with_a_cancelled_load_and_a_save_in_flight_reports_both(monkey
     _feed(s, stats)
     assert stats.loads == [("a", [0, 1])] and stats.saves == [("b", [2])]
     assert s.pinned_or_pending == 0 and s.manager.lookup([H[4]]) == 1
-    for got, want in zip(s.bits(), before, strict=True):
-        np.testing.assert_array_equal(got, want)
+    s.assert_bits(before)
     s.conn.meta = [s.save("c", [H[5]], [4])]  # after close: reported failed, freed
     s.worker.start_load_kv()
     s.worker.start_save_kv()

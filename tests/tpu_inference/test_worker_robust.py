@@ -116,6 +116,11 @@ class Setup:
         self.worker.start_save_kv()
         self.report()
 
+    def assert_bits(self, before):
+        """Every byte of the runner's arrays is as it was (`bits()` taken before)."""
+        for got, want in zip(self.bits(), before, strict=True):
+            np.testing.assert_array_equal(got, want)
+
     @property
     def pinned_or_pending(self):
         store = self.hub.store
@@ -165,8 +170,7 @@ def test_ctrl_c_while_a_load_waits_cancels_it_and_gives_its_pins_back(monkeypatc
     stats = s.report()
     assert stats.loads == [("a", [0, 1])]  # reported once: the pins are given back
     assert s.pinned_or_pending == 0
-    for got, want in zip(s.bits(), before, strict=True):
-        np.testing.assert_array_equal(got, want)
+    s.assert_bits(before)
     assert s.report() is None  # nothing reported twice
     _check_next_step_works(s, saved_bits)
 
@@ -194,8 +198,7 @@ def test_ctrl_c_while_a_load_is_submitted_cancels_it_too(monkeypatch):
     monkeypatch.setattr(engine, "submit_load", submit)
     stats = s.report()
     assert stats.loads == [("a", [0, 1])] and s.pinned_or_pending == 0
-    for got, want in zip(s.bits(), before, strict=True):
-        np.testing.assert_array_equal(got, want)
+    s.assert_bits(before)
     _check_next_step_works(s, saved_bits)
 
 

@@ -76,11 +76,7 @@ SCRIPT = textwrap.dedent(
 
 
 def test_store_and_load_on_head_sharded_caches_are_bit_exact():
-    out = subprocess.run(
-        [sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=300
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.strip().endswith("OK")
+    _run(SCRIPT)
 
 
 ATTENTION_DP = textwrap.dedent(
@@ -124,8 +120,13 @@ ATTENTION_DP = textwrap.dedent(
 
 
 def test_store_and_load_on_attention_dp_caches_are_bit_exact():
+    _run(ATTENTION_DP)
+
+
+def _run(script: str) -> None:
+    """Runs a script above in its own process (it needs 4 simulated devices)."""
     out = subprocess.run(
-        [sys.executable, "-c", ATTENTION_DP], capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip().endswith("OK")
