@@ -156,7 +156,13 @@ def run_time_zero(caches: Sequence[jax.Array], zero: np.ndarray) -> jax.Array | 
         sharding, (NamedSharding, jax.sharding.SingleDeviceSharding)
     ):
         return zero
-    return _zero_on(sharding, int(zero))
+    placed = _zero_on(sharding, int(zero))
+    # A cached zero deleted by its owner's sweep (``for a in jax.live_arrays():
+    # a.delete()``, a common way to free a device) would fail every later call.
+    if placed.is_deleted():
+        _zero_on.cache_clear()
+        placed = _zero_on(sharding, int(zero))
+    return placed
 
 
 @functools.lru_cache(maxsize=64)
