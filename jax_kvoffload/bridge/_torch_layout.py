@@ -49,7 +49,10 @@ def check_layout(
         for i, pair in enumerate(tensors)
     ]
     pairs = [
-        [_pair(f"group_refs[{g}]", i, ref) for i, ref in enumerate(refs)]
+        [
+            _pair(f"group_refs[{g}]", i, ref)
+            for i, ref in enumerate(_check_list(f"group_refs[{g}]", refs))
+        ]
         for g, refs in enumerate(group_refs)
     ]
     checked_refs: list[list[tuple[int, int]]] = []
@@ -86,13 +89,16 @@ def host_widths(group_refs: Sequence[Sequence[tuple[int, int]]]) -> dict[int, in
     return dict(sorted(out.items()))
 
 
-def _check_list(what: str, value: object) -> None:
+def _check_list(what: str, value: object) -> Sequence[object]:
+    # A group that is not a list (``[5]``, ``[None]``) raised a bare "object is not
+    # iterable" that named neither the argument nor the fix.
     if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        example = {"tensors": "[(tensor, page_size_bytes)]", "group_refs": "[[(0, page)]]"}
         raise KVOffloadTypeError(
             f"{what} must be a list (vLLM's CanonicalKVCaches.{what}), got "
-            f"{type(value).__name__} {value!r:.40}; pass e.g. "
-            + ("[(tensor, page_size_bytes)]" if what == "tensors" else "[[(0, page)]]")
+            f"{type(value).__name__} {value!r:.40}; pass e.g. " + example.get(what, "[(0, page)]")
         )
+    return value
 
 
 def _pair(name: str, index: int, value: object) -> tuple[object, object]:

@@ -113,6 +113,11 @@ def test_bridge_entries_refuse_wrong_types_with_our_errors():
         TorchKVWorker([torch.zeros(4, 4)], [[(0, 4)]], blocks_per_chunk=1, num_chunks=1)
     with pytest.raises(KVOffloadTypeError, match=r"group_refs\[0\]\[0\] must be a pair"):
         TorchKVWorker([(torch.zeros(4, 4), 16)], [[0]], blocks_per_chunk=1, num_chunks=1)
+    for group in (5, None, "ab"):  # not a list of refs: named, not "not iterable"
+        with pytest.raises(KVOffloadTypeError, match=r"group_refs\[1\] must be a list"):
+            TorchKVWorker(
+                [(torch.zeros(4, 4), 16)], [[(0, 16)], group], blocks_per_chunk=1, num_chunks=1
+            )
     with pytest.raises(JobSpecError, match="fit its page"):
         TorchKVWorker([(torch.zeros(4, 4), 16)], [[(0, 17)]], blocks_per_chunk=1, num_chunks=1)
     for error in (GappedLayoutError, JobSpecError, JobSpecTypeError, NarrowingDTypeError):
