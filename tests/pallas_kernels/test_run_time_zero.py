@@ -30,3 +30,15 @@ def test_gather_and_scatter_work_after_every_live_array_was_deleted():
     assert (bits_of(staging) == 0x7F81).all()
     out = pk.scatter_blocks([cache], np.array([1, 3], np.int32), staging, **KW)
     assert (bits_of(out[0]) == 0x7F81).all()
+
+
+def test_uncommitted_caches_give_uncommitted_results():
+    # The cached zero is committed to the caches' device: passed with uncommitted caches
+    # it committed the staging and the scattered caches, which jax then refused to move
+    # to meet arrays on another device.
+    cache = jax.numpy.asarray(np.full((4, 2, 4, 2), 0x7F81, np.uint16).view(DTYPES["bf16"]))
+    assert not cache.committed
+    staging = pk.gather_blocks([cache], np.array([0, 2], np.int32), **KW)
+    out = pk.scatter_blocks([cache], np.array([1, 3], np.int32), staging, **KW)
+    assert not staging.committed and not out[0].committed
+    assert (bits_of(out[0]) == 0x7F81).all()
