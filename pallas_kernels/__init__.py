@@ -32,6 +32,8 @@ from .blocks.layout import PageFormat as PageFormat
 from .blocks.layout import named_layout as named_layout
 from .blocks.mesh import staging_sharding as staging_sharding
 from .blocks.mosaic_gpu import MosaicGpuConfig as MosaicGpuConfig
+from .blocks.prepared import ScatterPlan as ScatterPlan
+from .blocks.prepared import plan_scatter as plan_scatter
 from .blocks.reference import gather_blocks_reference as gather_blocks_reference
 from .blocks.reference import scatter_blocks_reference as scatter_blocks_reference
 from .blocks.rpa import check_rpa_geometry as check_rpa_geometry
@@ -67,6 +69,7 @@ __all__ = [
     "MosaicGpuConfig",
     "PageFormat",
     "PallasKernelsError",
+    "ScatterPlan",
     "StagingMismatchError",
     "TpuConfig",
     "TritonConfig",
@@ -80,6 +83,7 @@ __all__ = [
     "get_backend",
     "list_backends",
     "named_layout",
+    "plan_scatter",
     "rpa_cache_shape",
     "rpa_canonical",
     "rpa_merge_canonical",

@@ -34,10 +34,21 @@ class KernelOptions(TypedDict):
     config: object
 
 
-# One load piece to fetch: (group, block ids, transfer, first slot, staging shape).
-LoadPlan = list[tuple[int, np.ndarray, CheckedTransfer, int, tuple[int, ...]]]
-# One fetched load piece: (group, block ids, device staging, host buffers to give back).
-LoadPieces = list[tuple[int, np.ndarray, jax.Array, list[np.ndarray]]]
+# One load piece to fetch: (group, block ids, transfer, first slot, staging shape, the
+# group's `ScatterPlan`: where its ids and staging go ahead of the scatter).
+LoadPlan = list[tuple[int, np.ndarray, CheckedTransfer, int, tuple[int, ...], pk.ScatterPlan]]
+# One fetched load piece: (group, block ids, the ids on the devices or None, device
+# staging, host buffers to give back).
+LoadPieces = list[
+    tuple[int, np.ndarray, jax.Array | None, jax.Array | np.ndarray, list[np.ndarray]]
+]
+
+# A sharded piece up to this size is read from the rows into one host buffer and put on
+# the devices with the job's other arrays; larger ones go shard by shard
+# (`_fetch_sharded`: one host copy per byte instead of two, but a device_put and an
+# assembly more). 4-block loads of 0.25 MiB on 4 CPU devices: the sharded path's extra
+# calls cost ~0.3 ms of a ~3 ms load (docs/benchmarks.md, tpu-inference, 2026-12-02).
+WHOLE_PIECE_BYTES = 1 << 20
 # One gathered store piece: (group, transfer, first slot, host array).
 StorePieces = list[tuple[int, CheckedTransfer, int, jax.Array]]
 
@@ -84,6 +95,7 @@ class StagedCopies:
         # Stores go to pinned host memory with a device_put (the accelerator's path;
         # `device_path` forces it on CPU, where the device array already is host memory).
         self._put_host = {g: device_path or not cpu for g, cpu in self._on_cpu.items()}
+        self._plans: dict[int, pk.ScatterPlan] = {}  # per group, for its current arrays
 
     # -- stores -----------------------------------------------------------------------
 
@@ -128,44 +140,69 @@ class StagedCopies:
 
     def load_plan(self, checked: list[CheckedTransfer]) -> LoadPlan:
         """A load's pieces, one per kernel call, in the order they are scattered."""
-        plan = []  # (group, ids, transfer, first slot, staging shape)
+        plan = []  # (group, ids, transfer, first slot, staging shape, scatter plan)
         for t in checked:
             gc = self._caches[t.group]
             shape = gc.host_page_shape if gc.relays else self._page(gc)
+            scatter = self._scatter_plan(t.group)
             for start, n in store_pieces(len(t.block_ids), self._bucket[t.group]):
                 ids = t.block_ids[start : start + n].astype(np.int32)
-                plan.append((t.group, ids, t, t.first_slot + start, (n, *shape)))
+                plan.append((t.group, ids, t, t.first_slot + start, (n, *shape), scatter))
+        return plan
+
+    def _scatter_plan(self, group: int) -> pk.ScatterPlan:
+        """The group's `ScatterPlan` for its current arrays (made again when a
+        `set_arrays` changed their sharding); caller's thread only."""
+        gc = self._caches[group]
+        plan = self._plans.get(group)
+        if plan is None or not plan.matches(gc.arrays):
+            plan = pk.plan_scatter(gc.arrays, layout=gc.layout, **self._kernel_kw)
+            self._plans[group] = plan
         return plan
 
     @staticmethod
     def _page(gc: GroupCaches) -> tuple[int, ...]:
         return (len(gc.arrays), *gc.layout.page_shape(tuple(gc.arrays[0].shape)))
 
-    def fetch(self, plan: LoadPlan, load: FetchedLoad) -> None:
-        """Reads a load's rows onto the devices, appending each piece (worker thread).
+    def fetch(self, plan: LoadPlan, load: FetchedLoad, *, settle: bool = True) -> None:
+        """Reads a load's rows onto the devices, appending each piece (worker thread,
+        or the caller's for an inline load).
 
-        The host arrays of every piece go to the devices in one `device_put` (one
-        dispatch per job). A pool that adopts rows hands out its rows as they are
-        (pinned host arrays on accelerators: no host copy); the others copy them into
-        reused staging buffers first (`read_blocks`, one host copy per byte)."""
+        `settle`: wait for the copies to land (and give back the host buffers of real
+        H2D copies) before returning; an inline load does not (its scatter follows at
+        once, on the same thread, and gives the buffers back once it has read them).
+
+        The host arrays of every piece, and its block ids, go to the devices in one
+        `device_put` (one dispatch per job). A pool that adopts rows hands out its rows
+        as they are (pinned host arrays on accelerators: no host copy); the others copy
+        them into reused staging buffers first (`read_blocks`, one host copy per byte)."""
         hosts: list[object] = []  # every host array of the job, each once, in piece order
         targets: list[jax.sharding.Sharding] = []  # where each goes
         # (id of a row, target) -> index in hosts
         seen: dict[tuple[int, jax.sharding.Sharding], int] = {}
-        # (group, ids, what: [(host index, k0, k1)] of rows | the host index of a
-        # staging buffer | a fetched sharded staging, buffers)
+        # (group, ids, host index of the ids or None, what: [(host index, k0, k1)] of
+        # rows | the host index of a staging buffer | a fetched sharded staging | an
+        # inline load's host staging, buffers)
         pieces: list[
-            tuple[int, np.ndarray, list[tuple[int, int, int]] | int | jax.Array, list[np.ndarray]]
+            tuple[
+                int,
+                np.ndarray,
+                int | None,
+                list[tuple[int, int, int]] | int | jax.Array | np.ndarray,
+                list[np.ndarray],
+            ]
         ] = []
-        for group, ids, t, first, shape in plan:
+        for group, ids, t, first, shape, scatter in plan:
             gc = self._caches[group]
             if gc.relays:
                 sharding = canonical_sharding(gc.arrays, gc.layout)
             else:
-                sharding = pk.staging_sharding(gc.arrays, gc.layout)
+                sharding = scatter.staging_sharding
             device = sharding or replicated(gc.arrays[0].sharding)
+            what: list[tuple[int, int, int]] | int | jax.Array
+            buffers: list[np.ndarray] = []
             if self._pool.adopts_rows:
-                cuts = []
+                what = []
                 for row, k0, k1 in self._pool.row_sources(group, t.chunk_ids, first, shape[0]):
                     # A chunk that two pieces of the job share crosses the bus once.
                     at = seen.setdefault((id(row), device), len(hosts))
@@ -174,22 +211,40 @@ class StagedCopies:
                             row = row.view(gc.arrays[0].dtype).reshape(-1, *shape[1:])
                         hosts.append(row)
                         targets.append(device)
-                    cuts.append((at, k0, k1))
-                pieces.append((group, ids, cuts, []))
-                continue
-            if sharding is not None and self._pool.moves_shards:
-                fetched = self._fetch_sharded(group, t, first, shape, sharding)
+                    what.append((at, k0, k1))
+            else:
+                fetched = None
+                if (
+                    sharding is not None
+                    and self._pool.moves_shards
+                    and shape[0] * gc.block_bytes > WHOLE_PIECE_BYTES
+                ):
+                    fetched = self._fetch_sharded(group, t, first, shape, sharding)
                 if fetched is not None:
-                    pieces.append((group, ids, *fetched))
-                    continue
-            rows = self._buffers.take((shape[0], gc.block_bytes))
-            self._pool.read_blocks(group, t.chunk_ids, first, shape[0], rows)
-            pieces.append((group, ids, len(hosts), [rows]))
-            hosts.append(rows.view(gc.arrays[0].dtype).reshape(shape))
-            targets.append(device)
+                    what, buffers = fetched
+                else:
+                    rows = self._buffers.take((shape[0], gc.block_bytes))
+                    self._pool.read_blocks(group, t.chunk_ids, first, shape[0], rows)
+                    host = rows.view(gc.arrays[0].dtype).reshape(shape)
+                    if not settle and not gc.relays:
+                        # An inline load hands its host staging and numpy ids straight
+                        # to the scatter, whose jit places them in its own dispatch: one
+                        # device_put fewer (~0.3 ms after an idle pause on the CI VM).
+                        pieces.append((group, ids, None, host, [rows]))
+                        continue
+                    what, buffers = len(hosts), [rows]
+                    hosts.append(host)
+                    targets.append(device)
+            at_ids = None
+            if scatter.ids_sharding is not None:  # with the job's other arrays
+                at_ids = len(hosts)
+                hosts.append(ids)
+                targets.append(scatter.ids_sharding)
+            pieces.append((group, ids, at_ids, what, buffers))
         placed = jax.device_put(hosts, targets) if hosts else []
         staged = []
-        for group, ids, what, buffers in pieces:
+        for group, ids, at_ids, what, buffers in pieces:
+            placed_ids = None if at_ids is None else placed[at_ids]
             if isinstance(what, list):  # rows as they are: cut and joined on the device
                 parts = []
                 for at, k0, k1 in what:
@@ -198,17 +253,18 @@ class StagedCopies:
                 staging = parts[0] if len(parts) == 1 else jnp.concatenate(parts)
             elif isinstance(what, int):  # a staging buffer read from the rows
                 staging = placed[what]
-            else:  # fetched sharded: already on the devices
+            else:  # fetched sharded (on the devices), or an inline load's host staging
                 staging = what
-            staged.append((group, ids, staging, buffers))
-        jax.block_until_ready([s for _, _, s, _ in staged])
-        for group, ids, staging, buffers in staged:
-            if not self._on_cpu[group]:
+            staged.append((group, ids, placed_ids, staging, buffers))
+        if settle:
+            jax.block_until_ready([s[3] for s in staged])
+        for group, ids, placed_ids, staging, buffers in staged:
+            if settle and not self._on_cpu[group]:
                 # A real H2D copy: the host buffers are free again.
                 for b in buffers:
                     self._buffers.give(b)
                 buffers = []
-            load.pieces.append((group, ids, staging, buffers))
+            load.pieces.append((group, ids, placed_ids, staging, buffers))
 
     def _fetch_sharded(
         self,
@@ -232,7 +288,7 @@ class StagedCopies:
         at `load.applied`; returns the failure, if any, instead of raising it."""
         try:
             while load.applied < len(load.pieces):
-                group, ids, staging, buffers = load.pieces[load.applied]
+                group, ids, placed_ids, staging, buffers = load.pieces[load.applied]
                 gc = self._caches[group]
                 if gc.relays:  # the target's padding slots keep their bytes
                     staging = merge_into_pages(
@@ -243,15 +299,17 @@ class StagedCopies:
                         staging,
                         self._kernel_kw,
                     )
+                plan = self._scatter_plan(group)
+                if placed_ids is None or placed_ids.sharding != plan.ids_sharding:
+                    placed_ids = None  # the arrays moved since the fetch: the host ids
                 # The scatter donates the old arrays: its result must be kept, or the
                 # group's caches are gone. The job core runs this with SIGINT held.
-                gc.arrays = pk.scatter_blocks(
-                    gc.arrays, ids, staging, layout=gc.layout, **self._kernel_kw
-                )
+                gc.arrays = plan(gc.arrays, ids if placed_ids is None else placed_ids, staging)
                 load.applied += 1
                 if buffers:
-                    # On CPU the staging aliased the buffers (zero-copy device_put):
-                    # reuse them only once the scatter has read them.
+                    # On CPU the staging aliased the buffers (zero-copy device_put), and
+                    # an unsettled fetch's copies may still read them: reuse them only
+                    # once the scatter has read them.
                     jax.block_until_ready(gc.arrays)
                     for b in buffers:
                         self._buffers.give(b)

@@ -188,19 +188,24 @@ class TransferEngine:
         *,
         after: Sequence[Future[Any]] = (),  # any result: only their end is waited for
         check: Callable[[], None] | None = None,
+        inline: bool = False,
     ) -> None:
         """Starts copying chunk rows back into the blocks; caches change on completion.
 
         `after`: futures (e.g. promotions filling the rows) the job waits for before it
         reads the rows; then `check()`, if given, runs on the worker and fails the job
-        by raising (e.g. a promotion that missed a key the job needs)."""
+        by raising (e.g. a promotion that missed a key the job needs).
+        `inline`: for a small load the caller waits for at once (a synchronous engine
+        step): when it has nothing to wait for (no `after`, no job of the other
+        direction on its rows), its rows are read and put on the devices here, with
+        SIGINT held, before this returns; it is completed and reported as any load."""
         with self._guard:
             checked = self._check(job_id, transfers, unique=True)
             plan = self._copies.load_plan(checked)
             size = sum(len(t.block_ids) * self._caches[t.group].block_bytes for t in checked)
             chunks = frozenset(c for t in checked for c in t.chunk_ids)
             load = FetchedLoad()
-            fetch = functools.partial(self._copies.fetch, plan, load)
+            fetch = functools.partial(self._copies.fetch, plan, load, settle=not inline)
             work: Callable[[], None] = fetch
             if check is not None:
 
@@ -208,7 +213,9 @@ class TransferEngine:
                     check()
                     fetch()
 
-            self._jobs.submit(job_id, "load", work, size, rows=chunks, after=after, payload=load)
+            self._jobs.submit(
+                job_id, "load", work, size, rows=chunks, after=after, payload=load, inline=inline
+            )
 
     def get_finished(self) -> list[TransferResult]:
         """Results of the jobs that ended since the last call; never blocks."""

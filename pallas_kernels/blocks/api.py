@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
+from dataclasses import dataclass
 from types import ModuleType
 from typing import cast
 
@@ -257,26 +258,58 @@ def scatter_blocks(
     block_ids = check_block_ids(block_ids, nb, unique=True)
     n = block_ids.shape[0]
     check_staging(staging, _staging_shape(caches, n, layout), caches[0], layout)
-    record, config, interpret = resolve(backend, caches[0], config, interpret)
-    check_word_bytes(caches[0], layout, config)
+    route = scatter_route(caches, layout, backend, config, interpret)
     if n == 0:
         return list(caches)
+    return dispatch_scatter(route, caches, _ids_arg(block_ids), staging)
+
+
+@dataclass(frozen=True, eq=False)
+class ScatterRoute:
+    """How a scatter on caches of one geometry runs, resolved once (``scatter_route``):
+    the backend's options, whether it goes one device at a time (interpreters that
+    cannot run several devices), and the per-device plan and shardings of a mesh."""
+
+    kw: dict[str, object]
+    one_device_at_a_time: bool
+    local: mesh.LocalPlan | None
+    shardings: tuple[NamedSharding, ...] | None
+
+
+def scatter_route(
+    caches: Sequence[jax.Array], layout: KVLayout, backend: str, config: object, interpret: object
+) -> ScatterRoute:
+    """The ``ScatterRoute`` of checked ``caches`` (``check_caches``); raises the typed
+    errors of ``resolve`` and ``check_word_bytes``."""
+    record, config, interpret = resolve(backend, caches[0], config, interpret)
+    check_word_bytes(caches[0], layout, config)
     kw = {"layout": layout, "backend": record.name, "config": config, "interpret": interpret}
-    ids = _ids_arg(block_ids)
     if _one_device_at_a_time(record, interpret, caches):
+        return ScatterRoute(kw, True, None, None)
+    return ScatterRoute(kw, False, mesh.local_plan(caches, layout), _mesh_shardings(caches))
+
+
+def dispatch_scatter(
+    route: ScatterRoute,
+    caches: Sequence[jax.Array],
+    ids: jax.Array | np.ndarray,
+    staging: jax.Array | np.ndarray,
+) -> list[jax.Array]:
+    """The scatter itself, on checked arguments (``scatter_blocks`` minus its checks)."""
+    kw = route.kw
+    if route.one_device_at_a_time:
         return mesh.scatter_one_device_at_a_time(
             caches,
             staging,
-            layout,
+            kw["layout"],
             lambda cs, st: _scatter_keeping(
                 tuple(cs), ids, st, _ZERO, shardings=None, local=None, **kw
             ),
         )
     # Interpreted kernels run as host loops that cannot reuse a donated buffer, and XLA
     # warns about every unusable donation; donate only where the kernel aliases for real.
-    fn = _scatter_keeping if interpret else _scatter_donating
-    local = mesh.local_plan(caches, layout)
-    shardings = _mesh_shardings(caches)
+    fn = _scatter_keeping if kw["interpret"] else _scatter_donating
+    local, shardings = route.local, route.shardings
     staging = _staging_arg(staging, local)
     out: list[jax.Array] = fn(
         tuple(caches),
@@ -312,7 +345,9 @@ def _constant_bits(caches: Sequence[jax.Array]) -> tuple[jax.Array, ...]:
         return tuple(as_bits(c) for c in caches)
 
 
-def _staging_arg(staging: jax.Array, local: mesh.LocalPlan | None) -> jax.Array:
+def _staging_arg(
+    staging: jax.Array | np.ndarray, local: mesh.LocalPlan | None
+) -> jax.Array | np.ndarray:
     """A device staging sharded other than the per-device path wants, moved there as
     integers: resharded inside the jit, it would move as floats (XLA:CPU quiets bf16 NaN
     payloads and flushes subnormals on the way, issue 21)."""

@@ -43,6 +43,11 @@ __all__ = ["StoreWorker"]
 
 logger = logging.getLogger(__name__)
 
+# Loads up to this size read their rows on the caller's thread (`submit_load(inline=)`):
+# the forward waits for them anyway, and two thread handoffs were ~10% of a 0.25 MiB
+# load on the 2-core CI VM. Larger ones keep the load thread, whose wait Ctrl-C cancels.
+INLINE_LOAD_BYTES = 4 << 20
+
 
 class StoreWorker:
     """The worker side of our `TPUOffloadConnector` (see the module docstring).
@@ -63,6 +68,7 @@ class StoreWorker:
         self._runner: Any = None
         self._groups: LayerGroups | None = None
         self._engine: TransferEngine | None = None
+        self._block_bytes = 0  # one block of every layer, all groups
         self._ids = itertools.count(1)
         self._saves: dict[int, tuple[str, list[int]]] = {}  # job -> (request, chunks)
         self._loads: dict[int, list[tuple[str, list[int]]]] = {}  # job -> [(request, chunks)]
@@ -130,6 +136,7 @@ class StoreWorker:
             with deferred_interrupts():
                 self._hub.attach_worker(pool, engine, tiers, len(gcs))
                 self._runner, self._groups, self._engine = runner, groups, engine
+                self._block_bytes = sum(gc.block_bytes for gc in gcs.values())
         except BaseException:
             if self._engine is not engine:  # built, never attached: nobody would close it
                 for tier in tiers:
@@ -235,7 +242,9 @@ class StoreWorker:
                     chunks = tuple(c for m in loads for c in m.load_spec.src_chunks)
                     caches = self._sync_in()
                     engine.submit_load(
-                        job, [GroupTransfer(g, blocks, chunks) for g in range(len(groups.layers))]
+                        job,
+                        [GroupTransfer(g, blocks, chunks) for g in range(len(groups.layers))],
+                        inline=len(blocks) * self._block_bytes <= INLINE_LOAD_BYTES,
                     )
                 except Exception:
                     self._record_loads(record)  # nothing was queued: its pins go back now
