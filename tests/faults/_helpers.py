@@ -166,7 +166,7 @@ class Reports:
 # interrupted from outside: kernels, host copies, the store's bookkeeping, thread queues.
 CALLER_TARGETS: list[tuple[object, str]] = [
     (pk, "gather_blocks"),
-    (pk, "scatter_blocks"),
+    (pk.ScatterPlan, "__call__"),  # the engine's scatters (a plan per group)
     (jax, "device_put"),
     (jax, "block_until_ready"),
     (HostStore, "lookup"),

@@ -109,7 +109,7 @@ def test_an_interrupt_at_any_caller_step_leaves_consistent_state(monkeypatch, mo
     names = {f.split(" at ")[1] for f in fired}
     for name in (
         "pallas_kernels.gather_blocks",
-        "pallas_kernels.scatter_blocks",
+        "ScatterPlan.__call__",
         "HostStore.prepare_store",
         "HostStore.prepare_load",
         "HostStore.complete_store",
@@ -136,7 +136,7 @@ def engine_with_a_stored_chunk():
 def test_engine_resumes_a_load_whose_scatter_was_interrupted(monkeypatch, mode, at):
     engine, before = engine_with_a_stored_chunk()
     engine.submit_load(2, [GroupTransfer(0, (9, 10, 11), (0,))])
-    injector = Injector(monkeypatch, [(pk, "scatter_blocks")])
+    injector = Injector(monkeypatch, [(pk.ScatterPlan, "__call__")])
     injector.arm(at, mode)
     with interruptible() as caught:
         engine.wait([2])

@@ -111,6 +111,8 @@ def draw(rng: np.random.Generator, backend: str) -> dict:
         "scatter": rng.permutation(nb)[: int(rng.integers(1, nb + 1))].astype(np.int32),
         "backend": backend,
         "host_staging": bool(rng.integers(2)),
+        # The scatter through scatter_blocks, or a ScatterPlan with host or device ids.
+        "via": str(rng.choice(("scatter_blocks", "plan", "plan_device_ids"))),
         # Split over several devices: must take the shard_map path (no resharding).
         "per_device": _split_over(spec, size) > 1,
     }
@@ -130,7 +132,7 @@ def describe(c: dict) -> str:
     return (
         f"{c['backend']} {c['layout']} {c['dtype']} shape={c['shape']} mesh={mesh} "
         f"spec={c['spec']} L={len(c['caches'])} gather={c['gather'].tolist()} "
-        f"scatter={c['scatter'].tolist()}"
+        f"scatter={c['scatter'].tolist()} via={c.get('via', 'scatter_blocks')}"
     )
 
 
@@ -170,7 +172,15 @@ def check(c: dict, rng: np.random.Generator) -> str | None:
     else:
         where = pk.staging_sharding(caches, layout) or NamedSharding(c["mesh"], P())
         staging = jax.device_put(update.view(dt), where)
-    out = pk.scatter_blocks(caches, c["scatter"], staging, **kw)
+    via = c.get("via", "scatter_blocks")
+    if via == "scatter_blocks":
+        out = pk.scatter_blocks(caches, c["scatter"], staging, **kw)
+    else:
+        plan = pk.plan_scatter(caches, **kw)
+        ids = c["scatter"]
+        if via == "plan_device_ids" and plan.ids_sharding is not None:
+            ids = jax.device_put(ids, plan.ids_sharding)
+        out = plan(caches, ids, staging)
     expected = model_scatter(c["caches"], c["scatter"], update, axis)
     for k, (o, e) in enumerate(zip(out, expected, strict=True)):
         ob = bits_of(o)

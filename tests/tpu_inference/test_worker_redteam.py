@@ -51,10 +51,10 @@ def _hold_fetch(monkeypatch, s):
     copies = s.worker._engine._copies
     fetch, running, release = copies.fetch, threading.Event(), threading.Event()
 
-    def slow_fetch(plan, load):
+    def slow_fetch(plan, load, **kw):
         running.set()
         release.wait(10)
-        fetch(plan, load)
+        fetch(plan, load, **kw)
 
     monkeypatch.setattr(copies, "fetch", slow_fetch)
     return running, release
@@ -272,9 +272,9 @@ def test_ctrl_c_at_a_random_moment_of_a_step(seed, monkeypatch):
     # signals land all along the step, not only in the load's wait.
 
     def slow(f):
-        def run(*args):
+        def run(*args, **kwargs):
             time.sleep(0.005)
-            return f(*args)
+            return f(*args, **kwargs)
 
         return run
 
@@ -317,9 +317,9 @@ def test_ctrl_c_at_a_random_moment_of_a_step(seed, monkeypatch):
                 # again; one interrupted before it took its metadata is, as it would be.
                 if phase == 0 and (s.worker._loads or s.worker._stats.loads):
                     phase = 1
-        timer.join()
     finally:
         armed[0] = False
+        timer.join()  # every signal sent before the handler goes back, even on a failure
         signal.signal(signal.SIGINT, previous)
     monkeypatch.undo()
     for _ in range(3):
@@ -452,10 +452,12 @@ def test_shutdown_with_a_cancelled_load_and_a_save_in_flight_reports_both(monkey
     s.saved(H[:2], [1, 2])
     before = s.bits()
     s.conn.meta = [s.load("a", H[:2], [5, 6]), s.save("b", [H[4]], [3])]
+    # On the load thread (an inline load has read its rows before Ctrl-C is taken).
+    monkeypatch.setattr(worker_module, "INLINE_LOAD_BYTES", -1)
     copies = s.worker._engine._copies
     for name in ("fetch", "write"):
         f = getattr(copies, name)
-        monkeypatch.setattr(copies, name, lambda *a, f=f: (time.sleep(0.2), f(*a))[1])
+        monkeypatch.setattr(copies, name, lambda *a, f=f, **k: (time.sleep(0.2), f(*a, **k))[1])
     timer = threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGINT))
     timer.start()
     with pytest.raises(KeyboardInterrupt):

@@ -25,6 +25,7 @@ import pytest
 import pallas_kernels as pk
 from jax_kvoffload.bridge.tpu_inference._hub import Hub
 from jax_kvoffload.bridge.tpu_inference._manager import StoreManager
+from jax_kvoffload.bridge.tpu_inference import _worker
 from jax_kvoffload.bridge.tpu_inference._worker import StoreWorker
 from jax_kvoffload.config import host_tier_config
 from jax_kvoffload.store import HostStore
@@ -142,7 +143,12 @@ def _check_next_step_works(s, saved_bits):
 
 
 @main_thread_only
-def test_ctrl_c_while_a_load_waits_cancels_it_and_gives_its_pins_back(monkeypatch):
+@pytest.mark.parametrize("inline", [False, True], ids=["load_thread", "inline"])
+def test_ctrl_c_while_a_load_waits_cancels_it_and_gives_its_pins_back(monkeypatch, inline):
+    # A small load reads its rows inline (`INLINE_LOAD_BYTES`), with SIGINT held: Ctrl-C
+    # then arrives as the load is recorded and cancels it as in the load thread's wait.
+    if not inline:
+        monkeypatch.setattr(_worker, "INLINE_LOAD_BYTES", -1)
     s = Setup(0)
     saved_bits = s.bits()
     s.saved(H[:2], [1, 2])
@@ -152,18 +158,23 @@ def test_ctrl_c_while_a_load_waits_cancels_it_and_gives_its_pins_back(monkeypatc
     copies = s.worker._engine._copies
     fetch, running, released = copies.fetch, threading.Event(), threading.Event()
 
-    def slow_fetch(plan, load):  # a slow host -> device copy, running when Ctrl-C comes
+    threads = []
+
+    def slow_fetch(plan, load, **kw):  # a slow host -> device copy, running when Ctrl-C comes
+        threads.append(threading.current_thread().name)
         running.set()
         released.wait(10)
-        fetch(plan, load)
+        fetch(plan, load, **kw)
 
     monkeypatch.setattr(copies, "fetch", slow_fetch)
     timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
     timer.start()
+    threading.Timer(0.6, released.set).start()  # the copy ends after the interrupt
     with pytest.raises(KeyboardInterrupt):
         s.worker.start_load_kv()
     timer.join()
     assert running.is_set()
+    assert (threads == ["MainThread"]) is inline, threads
     released.set()
     # Cancelled: it never writes its blocks, and the runner's arrays stay alive (before:
     # its later completion donated them, and every read raised "Array has been deleted").

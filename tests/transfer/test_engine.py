@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
@@ -307,3 +309,95 @@ def test_ended_jobs_are_freed_without_the_cyclic_collector():
             gc.enable()
     assert alive == []
     assert load.success and load.seconds > 0  # the job's own time is still measured
+
+
+def _load_threads(monkeypatch, engine) -> list[str]:
+    """The names of the threads that read each load's rows."""
+    names: list[str] = []
+    read = engine._pool.read_blocks
+
+    def recording(*args, **kwargs):
+        names.append(threading.current_thread().name)
+        return read(*args, **kwargs)
+
+    monkeypatch.setattr(engine._pool, "read_blocks", recording)
+    return names
+
+
+def test_an_inline_load_reads_on_the_callers_thread_and_writes_what_a_threaded_one_does(
+    monkeypatch,
+):
+    layout, shape = LAYOUTS["kv_second"]
+    results = {}
+    for inline in (False, True):
+        engine, before = make_engine(layout, shape, ml_dtypes.float8_e4m3fn)
+        names = _load_threads(monkeypatch, engine)
+        with engine:
+            engine.submit_store(1, [GroupTransfer(0, (3, 9, 15), (2, 3))])
+            assert engine.wait([1])[0].success
+            engine.submit_load(2, [GroupTransfer(0, (0, 4, 12), (2, 3))], inline=inline)
+            (load,) = engine.wait([2])
+            assert load.success and load.size_bytes == 3 * engine._caches[0].block_bytes
+            results[inline] = [bits(a) for a in engine.arrays(0)]
+        where = "MainThread" if inline else "kv-load_0"  # two pieces: 2 + 1 blocks
+        assert names == [where, where], names
+    for a, b, orig in zip(results[False], results[True], before, strict=True):
+        np.testing.assert_array_equal(a, b)
+        for s, d in zip((3, 9, 15), (0, 4, 12)):
+            np.testing.assert_array_equal(block(b, layout, d), bits(block(orig, layout, s)))
+        kept = [k for k in range(NB) if k not in (0, 4, 12)]
+        np.testing.assert_array_equal(block(b, layout, kept), bits(block(orig, layout, kept)))
+
+
+def test_an_inline_load_behind_a_store_on_its_rows_waits_on_the_load_thread(monkeypatch):
+    layout, shape = LAYOUTS["nhd"]
+    engine, before = make_engine(layout, shape, jnp.uint16)
+    names = _load_threads(monkeypatch, engine)
+    gate, write = threading.Event(), engine._copies.write
+    monkeypatch.setattr(engine._copies, "write", lambda staged: (gate.wait(10), write(staged)))
+    with engine:
+        engine.submit_store(1, [GroupTransfer(0, (1, 2), (0,))])  # still writing chunk 0
+        engine.submit_load(2, [GroupTransfer(0, (7, 8), (0,))], inline=True)  # returns
+        assert engine.knows(2) and not names  # queued behind the store, not run here
+        gate.set()
+        (store, load) = engine.wait([1, 2])
+        after = [np.asarray(a) for a in engine.arrays(0)]
+    assert store.success and load.success and names == ["kv-load_0"]
+    for layer in range(2):  # the load read what the store wrote, not the rows before it
+        np.testing.assert_array_equal(after[layer][[7, 8]], before[layer][[1, 2]])
+
+
+def test_an_inline_load_that_fails_is_reported_failed_and_writes_nothing(monkeypatch):
+    layout, shape = LAYOUTS["nhd"]
+    engine, before = make_engine(layout, shape, jnp.uint16)
+    with engine:
+        engine.submit_store(1, [GroupTransfer(0, (1, 2), (0,))])
+        engine.wait([1])
+
+        def broken(*args, **kwargs):
+            raise OSError("transfer failed")
+
+        monkeypatch.setattr(engine._pool, "read_blocks", broken)
+        engine.submit_load(2, [GroupTransfer(0, (5, 6), (0,))], inline=True)  # no raise
+        (result,) = engine.wait([2])
+        after = [np.asarray(a) for a in engine.arrays(0)]
+    assert not result.success and "OSError" in result.error
+    for layer in range(2):
+        np.testing.assert_array_equal(after[layer], before[layer])
+
+
+def test_an_inline_load_with_futures_to_wait_for_runs_on_the_load_thread(monkeypatch):
+    from concurrent.futures import Future
+
+    layout, shape = LAYOUTS["nhd"]
+    engine, _ = make_engine(layout, shape, jnp.uint16)
+    names = _load_threads(monkeypatch, engine)
+    promotion: Future = Future()
+    with engine:
+        engine.submit_store(1, [GroupTransfer(0, (1,), (0,))])
+        engine.wait([1])
+        engine.submit_load(2, [GroupTransfer(0, (5,), (0,))], after=[promotion], inline=True)
+        assert not names
+        promotion.set_result(None)
+        assert engine.wait([2])[0].success
+    assert names == ["kv-load_0"]

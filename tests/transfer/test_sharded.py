@@ -104,16 +104,29 @@ ATTENTION_DP = textwrap.dedent(
         def ptrs():
             return [s.data.unsafe_buffer_pointer() for s in engine.arrays(0)[0].addressable_shards]
 
-        before_ptrs = ptrs()
-        engine.submit_load(2, [GroupTransfer(0, (0, 6, 3), (3, 0))])
-        (load,) = engine.wait([2])
-        assert load.success, load.error
-        after = [np.asarray(a).view(np.uint16) for a in engine.arrays(0)]
-        assert engine.arrays(0)[0].sharding.is_equivalent_to(split, 4), engine.arrays(0)[0].sharding
-        assert ptrs() == before_ptrs  # in place, each device its own blocks
-    for layer in range(2):
-        np.testing.assert_array_equal(after[layer][[0, 6, 3]], before[layer][[2, 5, 7]])
-        np.testing.assert_array_equal(after[layer][[1, 2, 4, 5, 7]], before[layer][[1, 2, 4, 5, 7]])
+        from jax_kvoffload.transfer import _copies
+
+        job = 2
+        # Every way a load's piece reaches the devices: shard by shard (pieces above
+        # WHOLE_PIECE_BYTES) or from one host buffer, on the load thread or inline (then
+        # its host staging and numpy ids go straight into the scatter's jit).
+        for whole in (0, 1 << 20):
+            for inline in (False, True):
+                _copies.WHOLE_PIECE_BYTES = whole
+                engine.set_arrays(0, [jax.device_put(b.view(jnp.bfloat16), split) for b in before])
+                before_ptrs = ptrs()
+                engine.submit_load(job, [GroupTransfer(0, (0, 6, 3), (3, 0))], inline=inline)
+                (load,) = engine.wait([job])
+                job += 1
+                assert load.success, load.error
+                after = [np.asarray(a).view(np.uint16) for a in engine.arrays(0)]
+                got = engine.arrays(0)[0].sharding
+                assert got.is_equivalent_to(split, 4), got
+                assert ptrs() == before_ptrs  # in place, each device its own blocks
+                for layer in range(2):
+                    np.testing.assert_array_equal(after[layer][[0, 6, 3]], before[layer][[2, 5, 7]])
+                    kept = [1, 2, 4, 5, 7]
+                    np.testing.assert_array_equal(after[layer][kept], before[layer][kept])
     print("OK")
     """
 )
