@@ -243,18 +243,19 @@ class StagedCopies:
             pieces.append((group, ids, at_ids, what, buffers))
         placed = jax.device_put(hosts, targets) if hosts else []
         staged = []
-        for group, ids, at_ids, what, buffers in pieces:
+        for group, ids, at_ids, got, buffers in pieces:
             placed_ids = None if at_ids is None else placed[at_ids]
-            if isinstance(what, list):  # rows as they are: cut and joined on the device
+            staging: jax.Array | np.ndarray
+            if isinstance(got, list):  # rows as they are: cut and joined on the device
                 parts = []
-                for at, k0, k1 in what:
+                for at, k0, k1 in got:
                     row = placed[at]
                     parts.append(row if (k0, k1) == (0, row.shape[0]) else row[k0:k1])
                 staging = parts[0] if len(parts) == 1 else jnp.concatenate(parts)
-            elif isinstance(what, int):  # a staging buffer read from the rows
-                staging = placed[what]
+            elif isinstance(got, int):  # a staging buffer read from the rows
+                staging = placed[got]
             else:  # fetched sharded (on the devices), or an inline load's host staging
-                staging = what
+                staging = got
             staged.append((group, ids, placed_ids, staging, buffers))
         if settle:
             jax.block_until_ready([s[3] for s in staged])
@@ -296,7 +297,7 @@ class StagedCopies:
                         gc.layout,
                         cast(int, gc.canonical_kv_heads),  # set where relays is
                         ids,
-                        staging,
+                        cast(jax.Array, staging),  # on the devices: relays never go inline
                         self._kernel_kw,
                     )
                 plan = self._scatter_plan(group)

@@ -270,7 +270,8 @@ class ScatterRoute:
     the backend's options, whether it goes one device at a time (interpreters that
     cannot run several devices), and the per-device plan and shardings of a mesh."""
 
-    kw: dict[str, object]
+    layout: KVLayout
+    kw: dict[str, object]  # the jitted bodies' static options, layout included
     one_device_at_a_time: bool
     local: mesh.LocalPlan | None
     shardings: tuple[NamedSharding, ...] | None
@@ -285,8 +286,9 @@ def scatter_route(
     check_word_bytes(caches[0], layout, config)
     kw = {"layout": layout, "backend": record.name, "config": config, "interpret": interpret}
     if _one_device_at_a_time(record, interpret, caches):
-        return ScatterRoute(kw, True, None, None)
-    return ScatterRoute(kw, False, mesh.local_plan(caches, layout), _mesh_shardings(caches))
+        return ScatterRoute(layout, kw, True, None, None)
+    local = mesh.local_plan(caches, layout)
+    return ScatterRoute(layout, kw, False, local, _mesh_shardings(caches))
 
 
 def dispatch_scatter(
@@ -301,7 +303,7 @@ def dispatch_scatter(
         return mesh.scatter_one_device_at_a_time(
             caches,
             staging,
-            kw["layout"],
+            route.layout,
             lambda cs, st: _scatter_keeping(
                 tuple(cs), ids, st, _ZERO, shardings=None, local=None, **kw
             ),

@@ -235,7 +235,7 @@ def gather_one_device_at_a_time(
 
 def scatter_one_device_at_a_time(
     caches: Sequence[jax.Array],
-    staging: jax.Array,
+    staging: jax.Array | np.ndarray,
     layout: KVLayout,
     run: Callable[[list[jax.Array], jax.Array], Sequence[jax.Array]],
 ) -> list[jax.Array]:
@@ -251,13 +251,13 @@ def scatter_one_device_at_a_time(
     axis = layout.block_axis
     # Sliced as integers: an eager slice of a float array is an XLA:CPU copy that runs
     # through f32 (fp8/bf16 NaN payloads quieted, issue 21); ``run`` takes the bits.
-    staging = as_bits(staging)
+    bits = as_bits(jnp.asarray(staging))  # a host staging: its bytes, copied as they are
     for key, shards in per_cache[0].items():
         index = tuple(slice(*bounds) for bounds in key)
         page = (slice(None), slice(None), *index[:axis], *index[axis + 1 :])
         local = run(
             [jax.device_put(groups[key][0].data, home) for groups in per_cache],
-            jax.device_put(staging[page], home),
+            jax.device_put(bits[page], home),
         )
         for layer, o in enumerate(local):
             pieces[layer] += [jax.device_put(o, s.device) for s in shards]

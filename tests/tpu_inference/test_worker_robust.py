@@ -23,9 +23,9 @@ import numpy as np
 import pytest
 
 import pallas_kernels as pk
+from jax_kvoffload.bridge.tpu_inference import _worker
 from jax_kvoffload.bridge.tpu_inference._hub import Hub
 from jax_kvoffload.bridge.tpu_inference._manager import StoreManager
-from jax_kvoffload.bridge.tpu_inference import _worker
 from jax_kvoffload.bridge.tpu_inference._worker import StoreWorker
 from jax_kvoffload.config import host_tier_config
 from jax_kvoffload.store import HostStore
