@@ -1,0 +1,277 @@
+"""Red-team tests for the lean small loads: `ScatterPlan` (pallas_kernels/blocks/prepared.py),
+the `check_block_ids` list fast path, and `TransferEngine.submit_load(inline=True)`.
+
+Each test is a finding (fixed in the library; the test keeps it fixed) or an attack that
+held up and is kept as a guard. Multi-device cases run in a subprocess with 4 simulated
+CPU devices (the rest of the suite initialised jax with one).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import pallas_kernels as pk
+from jax_kvoffload.transfer import GroupTransfer
+from pallas_kernels.blocks import checks
+from tests.pallas_kernels.cases import LAYOUTS, NUM_BLOCKS, Case, make_caches
+from tests.transfer.test_engine import LAYOUTS as ENGINE_LAYOUTS
+from tests.transfer.test_engine import make_engine
+
+LAY = LAYOUTS["nhd"]
+
+
+def _committed(layers=2):
+    # Fresh numpy copies: device_put of an array already on the device returns it as is,
+    # and a donation would then delete the source too.
+    return [jax.device_put(np.asarray(c).copy(), jax.devices()[0]) for c in make_caches(
+        Case("nhd", "bf16", layers, 16, 8, 0)
+    )]
+
+
+def _staging(caches, n, seed=0):
+    shape = (n, len(caches), *LAY.page_shape(tuple(caches[0].shape)))
+    rng = np.random.default_rng(seed)
+    return rng.integers(0, 2**16, size=shape, dtype=np.uint16).view(caches[0].dtype)
+
+
+# -- ScatterPlan: findings ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("which", [0, 1])
+def test_plan_given_donated_caches_raises_a_typed_error_naming_the_fix(which):
+    # Finding: a plan called with caches an earlier call donated (the commonest misuse:
+    # calling it again with the old list) raised jax's bare RuntimeError "Array has been
+    # deleted"; scatter_blocks raises CacheError naming the fix. The engine reported a
+    # load onto deleted arrays with that bare RuntimeError too (next test).
+    caches = _committed()
+    plan = pk.plan_scatter(caches, layout=LAY)
+    caches[which].delete()
+    with pytest.raises(pk.CacheError, match="deleted"):
+        plan(caches, np.array([1], np.int32), _staging(caches, 1))
+    assert not caches[1 - which].is_deleted()  # refused before anything was donated
+
+
+def test_plan_reused_on_the_caches_it_donated_raises_cache_error():
+    caches = _committed()
+    plan = pk.plan_scatter(caches, layout=LAY)
+    out = plan(caches, np.array([1], np.int32), _staging(caches, 1))
+    with pytest.raises(pk.CacheError, match="returned"):
+        plan(caches, np.array([2], np.int32), _staging(caches, 1))
+    assert not any(a.is_deleted() for a in out)
+
+
+def test_engine_load_onto_deleted_arrays_reports_a_typed_error():
+    layout, shape = ENGINE_LAYOUTS["nhd"]
+    engine, _ = make_engine(layout, shape, jnp.uint16)
+    with engine:
+        engine.submit_store(1, [GroupTransfer(0, (1, 2), (0,))])
+        engine.wait([1])
+        engine.submit_load(2, [GroupTransfer(0, (5, 6), (0,))], inline=True)
+        for a in engine.arrays(0):
+            a.delete()  # donated elsewhere by the caller between submit and wait
+        (result,) = engine.wait([2])
+    assert not result.success
+    assert "CacheError" in result.error and "deleted" in result.error, result.error
+
+
+def test_plan_given_no_caches_raises_a_typed_error():
+    # Finding: an empty list raised IndexError (from the geometry check).
+    real = _committed()
+    plan = pk.plan_scatter(real, layout=LAY)
+    with pytest.raises(pk.LayerMismatchError, match="plan_scatter"):
+        plan([], np.array([1], np.int32), _staging(real, 1))
+    assert not any(a.is_deleted() for a in real)
+
+
+def test_plan_takes_caches_as_any_iterable():
+    # Finding: a generator raised TypeError "'generator' object is not subscriptable"
+    # (scatter_blocks takes one); now read once into a tuple.
+    real = _committed()
+    snap = [np.asarray(c).copy() for c in real]
+    plan = pk.plan_scatter(real, layout=LAY)
+    staging = _staging(real, 2)
+    out = plan((c for c in real), np.array([4, 1], np.int32), staging)
+    for k, (o, s) in enumerate(zip(out, snap, strict=True)):
+        want = s.copy()
+        want[[4, 1]] = staging[:, k]
+        np.testing.assert_array_equal(np.asarray(o).view(np.uint16), want.view(np.uint16))
+
+
+# -- ScatterPlan on 4 devices: ids and staging placed elsewhere ------------------------------
+
+MULTI = textwrap.dedent(
+    """
+    import os
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+    import jax, numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    import pallas_kernels as pk
+    from tests.pallas_kernels.cases import LAYOUTS, Case, make_caches
+
+    lay = LAYOUTS["nhd"]
+    devs = jax.devices()
+    snap = [np.asarray(c).copy() for c in make_caches(Case("nhd", "bf16", 2, 16, 8, 0))]
+    rng = np.random.default_rng(0)
+    ids = np.array([3, 5, 7, 9], np.int32)
+    shape = (4, 2, *lay.page_shape(snap[0].shape))
+    staging = rng.integers(0, 2**16, size=shape, dtype=np.uint16).view(snap[0].dtype)
+    mesh = Mesh(np.array(devs), ("x",))
+    other = Mesh(np.array(devs[::-1]), ("x",))  # the same devices in another order
+
+    def expect_typed(caches, plan, ids_arg, what):
+        try:
+            plan(caches, ids_arg, staging)
+        except pk.BlockIdsError as e:
+            assert "ids_sharding" in str(e), e
+        else:
+            raise AssertionError(f"{what}: accepted")
+        assert not any(c.is_deleted() for c in caches), what
+
+    cases = {
+        "one device": devs[0],
+        "mesh": NamedSharding(mesh, P()),
+        "heads": NamedSharding(mesh, P(None, "x")),
+    }
+    for name, where in cases.items():
+        caches = [jax.device_put(s, where) for s in snap]
+        plan = pk.plan_scatter(caches, layout=lay)
+        elsewhere = [devs[1]] if name == "one device" else [devs[0], NamedSharding(other, P())]
+        for w in elsewhere:
+            expect_typed(caches, plan, jax.device_put(ids, w), f"{name}: ids at {w}")
+        # At ids_sharding, and uncommitted: the bytes of a numpy model, the rest kept.
+        for arg in (jax.device_put(ids, plan.ids_sharding), jax.numpy.asarray(ids), ids):
+            caches = [jax.device_put(s, where) for s in snap]
+            out = plan(caches, arg, staging)
+            for k, (o, s) in enumerate(zip(out, snap)):
+                want = s.copy()
+                want[ids] = staging[:, k]
+                got = np.asarray(o).view(np.uint16)
+                assert np.array_equal(got, want.view(np.uint16)), (name, k)
+    print("OK")
+    """
+)
+
+
+def test_plan_refuses_device_ids_placed_off_its_ids_sharding():
+    # Finding: ids committed to another device, or to a mesh of the same devices in
+    # another order, reached the jit and raised jax's bare ValueError "Received
+    # incompatible devices for jitted computation" (no hint at `ids_sharding`).
+    out = subprocess.run(
+        [sys.executable, "-c", MULTI], capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().endswith("OK")
+
+
+# -- held up: kept as guards -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "ids, num_blocks, unique",
+    [
+        ([], 0, True),
+        ([0], 0, True),
+        ([0], 1, True),
+        ([-1], 5, False),
+        ([2**31 - 1], 2**31 - 1, True),
+        ([2**31 - 2], 2**31 - 1, True),
+        ([-(2**31)], 4, True),
+        ([1, 1], 4, False),
+        ([1, 1], 4, True),
+        (list(range(64)), 64, True),
+        (list(range(64)), 63, True),
+        ([*range(63), 0], 64, True),
+        (list(range(65)), 65, True),
+        ([*range(64), 0], 65, True),
+    ],
+)
+def test_check_block_ids_fast_path_agrees_with_the_numpy_path(ids, num_blocks, unique, monkeypatch):
+    arr = np.array(ids, np.int32)
+
+    def outcome():
+        try:
+            checks.check_block_ids(arr, num_blocks, unique=unique)
+        except pk.PallasKernelsError as e:
+            return type(e)
+        return None
+
+    fast = outcome()
+    monkeypatch.setattr(checks, "_FEW_IDS", -1)  # numpy path only
+    assert outcome() is fast
+
+
+def test_inline_load_discarded_before_wait_writes_nothing_and_is_reported_once():
+    layout, shape = ENGINE_LAYOUTS["nhd"]
+    engine, before = make_engine(layout, shape, jnp.uint16)
+    with engine:
+        engine.submit_store(1, [GroupTransfer(0, (1, 2), (0,))])
+        engine.wait([1])
+        engine.submit_load(2, [GroupTransfer(0, (5, 6), (0,))], inline=True)
+        engine.discard(2)
+        (result,) = engine.wait([2])
+        assert engine.get_finished() == [] and not engine.knows(2)
+        after = [np.asarray(a) for a in engine.arrays(0)]
+    assert not result.success
+    for a, b in zip(after, before, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("exc", [KeyboardInterrupt, SystemExit])
+def test_inline_load_whose_read_raises_a_base_exception_fails_the_job_only(exc, monkeypatch):
+    layout, shape = ENGINE_LAYOUTS["nhd"]
+    engine, before = make_engine(layout, shape, jnp.uint16)
+    with engine:
+        engine.submit_store(1, [GroupTransfer(0, (1, 2), (0,))])
+        engine.wait([1])
+
+        def broken(*args, **kwargs):
+            raise exc("injected")
+
+        monkeypatch.setattr(engine._pool, "read_blocks", broken)
+        engine.submit_load(2, [GroupTransfer(0, (5, 6), (0,))], inline=True)
+        (result,) = engine.wait([2])
+        assert engine.in_flight == 0
+        after = [np.asarray(a) for a in engine.arrays(0)]
+    assert not result.success and exc.__name__ in result.error
+    for a, b in zip(after, before, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_inline_loads_interleaved_with_a_store_on_their_chunk_read_in_submission_order():
+    layout, shape = ENGINE_LAYOUTS["nhd"]
+    engine, before = make_engine(layout, shape, jnp.uint16)
+    with engine:
+        engine.submit_store(1, [GroupTransfer(0, (1, 2), (0,))])
+        engine.wait([1])
+        engine.submit_load(2, [GroupTransfer(0, (5, 6), (0,))], inline=True)
+        engine.submit_store(3, [GroupTransfer(0, (9, 10), (0,))])  # rewrites chunk 0
+        engine.submit_load(4, [GroupTransfer(0, (11, 12), (0,))], inline=True)
+        results = engine.wait([2, 3, 4])
+        after = [np.asarray(a) for a in engine.arrays(0)]
+    assert all(r.success for r in results)
+    kept = [k for k in range(shape[0]) if k not in (5, 6, 11, 12)]
+    for a, b in zip(after, before, strict=True):
+        np.testing.assert_array_equal(a[[5, 6]], b[[1, 2]])  # before the store
+        np.testing.assert_array_equal(a[[11, 12]], b[[9, 10]])  # after it
+        np.testing.assert_array_equal(a[kept], b[kept])
+
+
+def test_close_right_after_an_inline_submit_completes_it():
+    layout, shape = ENGINE_LAYOUTS["nhd"]
+    engine, before = make_engine(layout, shape, jnp.uint16)
+    engine.submit_store(1, [GroupTransfer(0, (1, 2), (0,))])
+    engine.wait([1])
+    engine.submit_load(2, [GroupTransfer(0, (5, 6), (0,))], inline=True)
+    engine.close()
+    results = engine.get_finished()
+    after = [np.asarray(a) for a in engine.arrays(0)]
+    assert [(r.job_id, r.success) for r in results] == [(2, True)]
+    for a, b in zip(after, before, strict=True):
+        np.testing.assert_array_equal(a[[5, 6]], b[[1, 2]])
