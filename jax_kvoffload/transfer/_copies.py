@@ -250,7 +250,7 @@ class StagedCopies:
                 for at, k0, k1 in what:
                     row = placed[at]
                     parts.append(row if (k0, k1) == (0, row.shape[0]) else row[k0:k1])
-                staging = parts[0] if len(parts) == 1 else jnp.concatenate(parts)
+                staging = parts[0] if len(parts) == 1 else _join_bits(parts)
             elif isinstance(what, int):  # a staging buffer read from the rows
                 staging = placed[what]
             else:  # fetched sharded (on the devices), or an inline load's host staging
@@ -316,3 +316,14 @@ class StagedCopies:
         except Exception as exc:  # reported as a failed job, never dropped
             return exc
         return None
+
+
+def _join_bits(parts: list[jax.Array]) -> jax.Array:
+    """``jnp.concatenate(parts)`` bit for bit: joined as same-width unsigned integers, as
+    XLA:CPU's concatenate of bf16 quiets NaN payloads (0xff99 -> 0xffc0)."""
+    dtype = np.dtype(parts[0].dtype)
+    if dtype.kind in "uib":
+        return jnp.concatenate(parts)
+    word = np.dtype(f"u{dtype.itemsize}")
+    joined = jnp.concatenate([jax.lax.bitcast_convert_type(p, word) for p in parts])
+    return jax.lax.bitcast_convert_type(joined, dtype)

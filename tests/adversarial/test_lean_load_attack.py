@@ -275,3 +275,41 @@ def test_close_right_after_an_inline_submit_completes_it():
     assert [(r.job_id, r.success) for r in results] == [(2, True)]
     for a, b in zip(after, before, strict=True):
         np.testing.assert_array_equal(a[[5, 6]], b[[1, 2]])
+
+
+# -- pinned pool: rows joined on the device -------------------------------------------------
+
+
+@pytest.mark.parametrize("inline", [False, True])
+def test_pinned_pool_load_spanning_two_rows_keeps_bf16_nan_payloads(inline):
+    # Finding (older than the lean loads, on their path too): a pool that adopts rows
+    # (kind="pinned") hands a load its rows as they are; a piece spanning two rows was
+    # joined with jnp.concatenate on the device, and XLA:CPU's bf16 concatenate quiets
+    # NaN payloads (0x7f99 -> 0x7fc0). Fixed: joined as uint16 (`_copies._join_bits`).
+    from jax_kvoffload.hostmem import build_host_pool
+    from jax_kvoffload.transfer import GroupCaches, TransferEngine
+
+    layout, shape = ENGINE_LAYOUTS["nhd"]
+    rng = np.random.default_rng(7)
+    # Signalling NaNs (quiet bit clear, payload set) of both signs, and random bits.
+    nan = (0x7F80 | rng.integers(1, 0x40, shape)).astype(np.uint16) | (
+        rng.integers(0, 2, shape).astype(np.uint16) << 15
+    )
+    mixed = np.where(rng.random(shape) < 0.5, nan, rng.integers(0, 2**16, shape)).astype(np.uint16)
+    before = [nan, mixed]
+    arrays = [jnp.asarray(b.view(jnp.bfloat16)) for b in before]
+    gc = GroupCaches(arrays, layout)
+    pool, _ = build_host_pool(6, {0: gc.block_bytes}, 3, kind="pinned")
+    with TransferEngine({0: gc}, pool, backend="xla", max_bucket=4) as engine:
+        # Slots 2..8 of chunks (0, 1, 2), in two store pieces (4 + 3 blocks): rows of
+        # their own per piece, so the load of slots 2..4 joins two rows.
+        engine.submit_store(1, [GroupTransfer(0, (1, 2, 3, 4, 5, 6, 7), (0, 1, 2), 2)])
+        assert engine.wait([1])[0].success
+        engine.submit_load(2, [GroupTransfer(0, (10, 11, 12), (0, 1), 2)], inline=inline)
+        (load,) = engine.wait([2])
+        after = [np.asarray(a).view(np.uint16) for a in engine.arrays(0)]
+    assert load.success, load.error
+    kept = [k for k in range(shape[0]) if k not in (10, 11, 12)]
+    for a, b in zip(after, before, strict=True):
+        np.testing.assert_array_equal(a[[10, 11, 12]], b[[1, 2, 3]])
+        np.testing.assert_array_equal(a[kept], b[kept])
