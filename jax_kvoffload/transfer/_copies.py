@@ -161,6 +161,20 @@ class StagedCopies:
         return plan
 
     @staticmethod
+    def _staging_sharding(
+        gc: GroupCaches, scatter: pk.ScatterPlan
+    ) -> jax.sharding.Sharding | None:
+        """Where a load's staging is split like the caches' page axes, or None."""
+        if gc.relays:
+            return canonical_sharding(gc.arrays, gc.layout)
+        return scatter.staging_sharding
+
+    @classmethod
+    def _staging_target(cls, gc: GroupCaches, scatter: pk.ScatterPlan) -> jax.sharding.Sharding:
+        """Where a load's staging goes on the devices."""
+        return cls._staging_sharding(gc, scatter) or replicated(gc.arrays[0].sharding)
+
+    @staticmethod
     def _page(gc: GroupCaches) -> tuple[int, ...]:
         return (len(gc.arrays), *gc.layout.page_shape(tuple(gc.arrays[0].shape)))
 
@@ -194,11 +208,8 @@ class StagedCopies:
         ] = []
         for group, ids, t, first, shape, scatter in plan:
             gc = self._caches[group]
-            if gc.relays:
-                sharding = canonical_sharding(gc.arrays, gc.layout)
-            else:
-                sharding = scatter.staging_sharding
-            device = sharding or replicated(gc.arrays[0].sharding)
+            sharding = self._staging_sharding(gc, scatter)
+            device = self._staging_target(gc, scatter)
             what: list[tuple[int, int, int]] | int | jax.Array
             buffers: list[np.ndarray] = []
             if self._pool.adopts_rows:
@@ -290,6 +301,13 @@ class StagedCopies:
             while load.applied < len(load.pieces):
                 group, ids, placed_ids, staging, buffers = load.pieces[load.applied]
                 gc = self._caches[group]
+                plan = self._scatter_plan(group)
+                if isinstance(staging, jax.Array) and (
+                    staging.sharding.device_set != gc.arrays[0].sharding.device_set
+                ):
+                    # `set_arrays` moved the caches to other devices since the fetch:
+                    # the staging follows them (a byte copy), or the scatter refuses it.
+                    staging = jax.device_put(staging, self._staging_target(gc, plan))
                 if gc.relays:  # the target's padding slots keep their bytes
                     staging = merge_into_pages(
                         gc.arrays,
@@ -299,7 +317,6 @@ class StagedCopies:
                         staging,
                         self._kernel_kw,
                     )
-                plan = self._scatter_plan(group)
                 if placed_ids is None or placed_ids.sharding != plan.ids_sharding:
                     placed_ids = None  # the arrays moved since the fetch: the host ids
                 # The scatter donates the old arrays: its result must be kept, or the
