@@ -376,3 +376,31 @@ def test_a_load_in_flight_follows_its_caches_onto_other_devices():
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip().endswith("OK")
+
+
+def test_a_real_ctrl_c_during_an_inline_fetch_arrives_after_the_job_is_registered(monkeypatch):
+    import os
+    import signal
+
+    layout, shape = ENGINE_LAYOUTS["nhd"]
+    engine, before = make_engine(layout, shape, jnp.uint16)
+    with engine:
+        engine.submit_store(1, [GroupTransfer(0, (1, 2), (0,))])
+        engine.wait([1])
+        real = engine._pool.read_blocks
+
+        def ctrl_c(*args, **kwargs):
+            os.kill(os.getpid(), signal.SIGINT)  # held: delivered once the fetch is done
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(engine._pool, "read_blocks", ctrl_c)
+        with pytest.raises(KeyboardInterrupt):
+            engine.submit_load(2, [GroupTransfer(0, (5, 6), (0,))], inline=True)
+        assert engine.knows(2)  # registered: reported once, as the docstring says
+        (result,) = engine.wait([2])
+        assert engine.get_finished() == []
+        after = [np.asarray(a) for a in engine.arrays(0)]
+    assert result.success, result.error
+    for a, b in zip(after, before, strict=True):
+        np.testing.assert_array_equal(a[[5, 6]], b[[1, 2]])
+        np.testing.assert_array_equal(np.delete(a, [5, 6], 0), np.delete(b, [5, 6], 0))
