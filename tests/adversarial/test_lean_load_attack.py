@@ -404,3 +404,31 @@ def test_a_real_ctrl_c_during_an_inline_fetch_arrives_after_the_job_is_registere
     for a, b in zip(after, before, strict=True):
         np.testing.assert_array_equal(a[[5, 6]], b[[1, 2]])
         np.testing.assert_array_equal(np.delete(a, [5, 6], 0), np.delete(b, [5, 6], 0))
+
+
+def test_an_inline_load_does_not_overtake_an_earlier_load_still_queued():
+    # Finding: loads ran FIFO on their lane's thread, so a later load's fetch never
+    # ended before an earlier one's and completions (in submission order among the
+    # ended jobs) scattered them in order. An inline load skipped the queue: with an
+    # earlier load still waiting (here on a promotion), get_finished() scattered the
+    # later load first and the earlier one's completion then overwrote its blocks with
+    # older bytes. Fixed: a load runs inline only when no earlier job of its lane is
+    # still running (JobCore.submit).
+    from concurrent.futures import Future
+
+    layout, shape = ENGINE_LAYOUTS["nhd"]
+    engine, before = make_engine(layout, shape, jnp.uint16)
+    promotion: Future = Future()
+    with engine:
+        engine.submit_store(1, [GroupTransfer(0, (1, 2), (0,)), ])
+        engine.submit_store(2, [GroupTransfer(0, (3, 4), (1,))])
+        assert all(r.success for r in engine.wait([1, 2]))
+        engine.submit_load(3, [GroupTransfer(0, (5, 6), (0,))], after=[promotion])  # older
+        engine.submit_load(4, [GroupTransfer(0, (5, 6), (1,))], inline=True)  # newer
+        early = engine.get_finished()
+        promotion.set_result(None)
+        rest = engine.wait([j for j in (3, 4) if j not in {r.job_id for r in early}])
+        after = [np.asarray(a) for a in engine.arrays(0)]
+    assert all(r.success for r in early + rest)
+    for a, b in zip(after, before, strict=True):
+        np.testing.assert_array_equal(a[[5, 6]], b[[3, 4]])  # the later load's bytes
