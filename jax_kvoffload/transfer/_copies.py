@@ -161,9 +161,7 @@ class StagedCopies:
         return plan
 
     @staticmethod
-    def _staging_sharding(
-        gc: GroupCaches, scatter: pk.ScatterPlan
-    ) -> jax.sharding.Sharding | None:
+    def _staging_sharding(gc: GroupCaches, scatter: pk.ScatterPlan) -> jax.sharding.Sharding | None:
         """Where a load's staging is split like the caches' page axes, or None."""
         if gc.relays:
             return canonical_sharding(gc.arrays, gc.layout)

@@ -97,8 +97,10 @@ class ScatterPlan:
                 )
         if isinstance(block_ids, np.ndarray):
             check_block_ids(block_ids, self._num_blocks, unique=True)
-        elif not isinstance(block_ids, jax.Array) or block_ids.dtype != np.int32 or (
-            block_ids.ndim != 1
+        elif (
+            not isinstance(block_ids, jax.Array)
+            or block_ids.dtype != np.int32
+            or (block_ids.ndim != 1)
         ):
             raise BlockIdsError(
                 "block_ids must be an int32 [n] numpy array, or one placed at "

@@ -20,7 +20,7 @@ import pytest
 import pallas_kernels as pk
 from jax_kvoffload.transfer import GroupTransfer
 from pallas_kernels.blocks import checks
-from tests.pallas_kernels.cases import LAYOUTS, NUM_BLOCKS, Case, make_caches
+from tests.pallas_kernels.cases import LAYOUTS, Case, make_caches
 from tests.transfer.test_engine import LAYOUTS as ENGINE_LAYOUTS
 from tests.transfer.test_engine import make_engine
 
@@ -30,9 +30,10 @@ LAY = LAYOUTS["nhd"]
 def _committed(layers=2):
     # Fresh numpy copies: device_put of an array already on the device returns it as is,
     # and a donation would then delete the source too.
-    return [jax.device_put(np.asarray(c).copy(), jax.devices()[0]) for c in make_caches(
-        Case("nhd", "bf16", layers, 16, 8, 0)
-    )]
+    return [
+        jax.device_put(np.asarray(c).copy(), jax.devices()[0])
+        for c in make_caches(Case("nhd", "bf16", layers, 16, 8, 0))
+    ]
 
 
 def _staging(caches, n, seed=0):
@@ -163,9 +164,7 @@ def test_plan_refuses_device_ids_placed_off_its_ids_sharding():
     # Finding: ids committed to another device, or to a mesh of the same devices in
     # another order, reached the jit and raised jax's bare ValueError "Received
     # incompatible devices for jitted computation" (no hint at `ids_sharding`).
-    out = subprocess.run(
-        [sys.executable, "-c", MULTI], capture_output=True, text=True, timeout=300
-    )
+    out = subprocess.run([sys.executable, "-c", MULTI], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip().endswith("OK")
 
@@ -371,9 +370,7 @@ def test_a_load_in_flight_follows_its_caches_onto_other_devices():
     # the load with StagingMismatchError: its staging was placed on the old devices at
     # the fetch. set_arrays allows any sharding (the engine re-plans). Fixed: the
     # scatter moves such a staging to the caches' devices first (a byte copy).
-    out = subprocess.run(
-        [sys.executable, "-c", MOVED], capture_output=True, text=True, timeout=300
-    )
+    out = subprocess.run([sys.executable, "-c", MOVED], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip().endswith("OK")
 
@@ -420,7 +417,7 @@ def test_an_inline_load_does_not_overtake_an_earlier_load_still_queued():
     engine, before = make_engine(layout, shape, jnp.uint16)
     promotion: Future = Future()
     with engine:
-        engine.submit_store(1, [GroupTransfer(0, (1, 2), (0,)), ])
+        engine.submit_store(1, [GroupTransfer(0, (1, 2), (0,))])
         engine.submit_store(2, [GroupTransfer(0, (3, 4), (1,))])
         assert all(r.success for r in engine.wait([1, 2]))
         engine.submit_load(3, [GroupTransfer(0, (5, 6), (0,))], after=[promotion])  # older
