@@ -429,3 +429,39 @@ def test_an_inline_load_does_not_overtake_an_earlier_load_still_queued():
     assert all(r.success for r in early + rest)
     for a, b in zip(after, before, strict=True):
         np.testing.assert_array_equal(a[[5, 6]], b[[3, 4]])  # the later load's bytes
+
+
+def test_a_byte_swapped_staging_is_refused_with_a_message_that_says_so():
+    # Finding (check_staging, shared with scatter_blocks): a big-endian float32 staging
+    # was refused with "must have the caches' dtype float32, got float32".
+    caches = [
+        jax.device_put(np.asarray(c).copy(), jax.devices()[0])
+        for c in make_caches(Case("nhd", "fp32", 1, 16, 8, 0))
+    ]
+    plan = pk.plan_scatter(caches, layout=LAY)
+    staging = np.zeros((1, 1, *LAY.page_shape(tuple(caches[0].shape))), ">f4")
+    for call in (
+        lambda: plan(caches, np.array([1], np.int32), staging),
+        lambda: pk.scatter_blocks(caches, np.array([1], np.int32), staging, layout=LAY),
+    ):
+        with pytest.raises(pk.StagingMismatchError, match="byte order"):
+            call()
+    assert not caches[0].is_deleted()
+
+
+def test_plan_takes_host_staging_of_any_memory_layout():
+    # Held up: transposed, Fortran-ordered, strided and read-only numpy stagings.
+    snap = [np.asarray(c).copy() for c in make_caches(Case("nhd", "fp32", 2, 16, 8, 0))]
+    shape = (3, 2, *LAY.page_shape(snap[0].shape))
+    rng = np.random.default_rng(0)
+    base = rng.integers(0, 2**32, size=shape[::-1], dtype=np.uint32).view(np.float32)
+    frozen = np.ascontiguousarray(base.T)
+    frozen.setflags(write=False)
+    ids = np.array([4, 0, 9], np.int32)
+    for staging in (base.T, np.asfortranarray(base.T), np.repeat(base.T, 2, axis=0)[::2], frozen):
+        caches = [jax.device_put(x.copy(), jax.devices()[0]) for x in snap]
+        out = pk.plan_scatter(caches, layout=LAY)(caches, ids, staging)
+        for k, (o, s) in enumerate(zip(out, snap, strict=True)):
+            want = s.copy()
+            want[ids] = staging[:, k]
+            np.testing.assert_array_equal(np.asarray(o).view(np.uint32), want.view(np.uint32))
