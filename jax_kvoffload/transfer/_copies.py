@@ -161,6 +161,18 @@ class StagedCopies:
         return plan
 
     @staticmethod
+    def _staging_sharding(gc: GroupCaches, scatter: pk.ScatterPlan) -> jax.sharding.Sharding | None:
+        """Where a load's staging is split like the caches' page axes, or None."""
+        if gc.relays:
+            return canonical_sharding(gc.arrays, gc.layout)
+        return scatter.staging_sharding
+
+    @classmethod
+    def _staging_target(cls, gc: GroupCaches, scatter: pk.ScatterPlan) -> jax.sharding.Sharding:
+        """Where a load's staging goes on the devices."""
+        return cls._staging_sharding(gc, scatter) or replicated(gc.arrays[0].sharding)
+
+    @staticmethod
     def _page(gc: GroupCaches) -> tuple[int, ...]:
         return (len(gc.arrays), *gc.layout.page_shape(tuple(gc.arrays[0].shape)))
 
@@ -194,11 +206,8 @@ class StagedCopies:
         ] = []
         for group, ids, t, first, shape, scatter in plan:
             gc = self._caches[group]
-            if gc.relays:
-                sharding = canonical_sharding(gc.arrays, gc.layout)
-            else:
-                sharding = scatter.staging_sharding
-            device = sharding or replicated(gc.arrays[0].sharding)
+            sharding = self._staging_sharding(gc, scatter)
+            device = self._staging_target(gc, scatter)
             what: list[tuple[int, int, int]] | int | jax.Array
             buffers: list[np.ndarray] = []
             if self._pool.adopts_rows:
@@ -251,7 +260,7 @@ class StagedCopies:
                 for at, k0, k1 in got:
                     row = placed[at]
                     parts.append(row if (k0, k1) == (0, row.shape[0]) else row[k0:k1])
-                staging = parts[0] if len(parts) == 1 else jnp.concatenate(parts)
+                staging = parts[0] if len(parts) == 1 else _join_bits(parts)
             elif isinstance(got, int):  # a staging buffer read from the rows
                 staging = placed[got]
             else:  # fetched sharded (on the devices), or an inline load's host staging
@@ -291,6 +300,13 @@ class StagedCopies:
             while load.applied < len(load.pieces):
                 group, ids, placed_ids, staging, buffers = load.pieces[load.applied]
                 gc = self._caches[group]
+                plan = self._scatter_plan(group)
+                if isinstance(staging, jax.Array) and (
+                    staging.sharding.device_set != gc.arrays[0].sharding.device_set
+                ):
+                    # `set_arrays` moved the caches to other devices since the fetch:
+                    # the staging follows them (a byte copy), or the scatter refuses it.
+                    staging = jax.device_put(staging, self._staging_target(gc, plan))
                 if gc.relays:  # the target's padding slots keep their bytes
                     staging = merge_into_pages(
                         gc.arrays,
@@ -300,7 +316,6 @@ class StagedCopies:
                         cast(jax.Array, staging),  # on the devices: relays never go inline
                         self._kernel_kw,
                     )
-                plan = self._scatter_plan(group)
                 if placed_ids is None or placed_ids.sharding != plan.ids_sharding:
                     placed_ids = None  # the arrays moved since the fetch: the host ids
                 # The scatter donates the old arrays: its result must be kept, or the
@@ -317,3 +332,14 @@ class StagedCopies:
         except Exception as exc:  # reported as a failed job, never dropped
             return exc
         return None
+
+
+def _join_bits(parts: list[jax.Array]) -> jax.Array:
+    """``jnp.concatenate(parts)`` bit for bit: joined as same-width unsigned integers, as
+    XLA:CPU's concatenate of bf16 quiets NaN payloads (0xff99 -> 0xffc0)."""
+    dtype = np.dtype(parts[0].dtype)
+    if dtype.kind in "uib":
+        return jnp.concatenate(parts)
+    word = np.dtype(f"u{dtype.itemsize}")
+    joined = jnp.concatenate([jax.lax.bitcast_convert_type(p, word) for p in parts])
+    return jax.lax.bitcast_convert_type(joined, dtype)

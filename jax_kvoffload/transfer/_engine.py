@@ -197,8 +197,9 @@ class TransferEngine:
         by raising (e.g. a promotion that missed a key the job needs).
         `inline`: for a small load the caller waits for at once (a synchronous engine
         step): when it has nothing to wait for (no `after`, no job of the other
-        direction on its rows), its rows are read and put on the devices here, with
-        SIGINT held, before this returns; it is completed and reported as any load."""
+        direction on its rows, no earlier load still running), its rows are read and
+        put on the devices here, with SIGINT held, before this returns; it is completed
+        and reported as any load."""
         with self._guard:
             checked = self._check(job_id, transfers, unique=True)
             plan = self._copies.load_plan(checked)

@@ -186,6 +186,12 @@ def check_staging(
             f"{list(staging.shape)}; pass the array gather_blocks returned for these caches"
         )
     if staging.dtype != dtype:
+        if np.dtype(staging.dtype).name == np.dtype(dtype).name:  # same name, other byte order
+            raise StagingMismatchError(
+                f"staging has dtype {np.dtype(staging.dtype).str!r}, the caches "
+                f"{np.dtype(dtype).str!r} (another byte order); use "
+                "staging.astype(staging.dtype.newbyteorder('='))"
+            )
         raise StagingMismatchError(
             f"staging must have the caches' dtype {np.dtype(dtype).name}, got "
             f"{np.dtype(staging.dtype).name}; bitcast it back with "

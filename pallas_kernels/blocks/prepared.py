@@ -25,7 +25,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from .api import ScatterRoute, dispatch_scatter, scatter_route
 from .checks import check_block_ids, check_caches, check_staging
-from .errors import BlockIdsError, LayerMismatchError
+from .errors import BlockIdsError, CacheError, LayerMismatchError
 from .layout import KVLayout
 
 __all__ = ["ScatterPlan", "plan_scatter"]
@@ -81,11 +81,20 @@ class ScatterPlan:
         the devices must be placed at ``ids_sharding`` and are trusted (module doc).
         ``staging``: ``[n, len(caches), *page_shape]`` in the caches' dtype.
         Raises ``LayerMismatchError`` for caches of another geometry (plan again)."""
+        if not isinstance(caches, (list, tuple)):
+            caches = tuple(caches)
         if not self.matches(caches):
             raise LayerMismatchError(
                 f"caches are {_show(_geometry(caches))} but this ScatterPlan was made for "
                 f"{_show(self._geometry)}; make a plan for them with plan_scatter"
             )
+        for i, c in enumerate(caches):
+            # jax's own error here is a bare RuntimeError, raised at dispatch.
+            if isinstance(c, jax.Array) and c.is_deleted():
+                raise CacheError(
+                    f"caches[{i}] has been deleted: a ScatterPlan donates the caches it is "
+                    "given; pass the arrays the last call returned instead"
+                )
         if isinstance(block_ids, np.ndarray):
             check_block_ids(block_ids, self._num_blocks, unique=True)
         elif (
@@ -102,6 +111,14 @@ class ScatterPlan:
             raise BlockIdsError(
                 "this ScatterPlan takes numpy block ids only (ids_sharding is None: "
                 "uncommitted caches, or an interpreter that runs one device at a time)"
+            )
+        elif block_ids.committed and block_ids.sharding != self.ids_sharding:
+            # Elsewhere (another device, the same devices in another mesh order, split
+            # over the mesh): jax would raise a bare ValueError, or move them per call.
+            raise BlockIdsError(
+                f"block_ids live at {block_ids.sharding} but this ScatterPlan takes device "
+                f"ids at its ids_sharding {self.ids_sharding}; "
+                "jax.device_put(block_ids, plan.ids_sharding), or pass numpy ids"
             )
         n = block_ids.shape[0]
         check_staging(staging, (n, *self._page), caches[0], self.layout)
@@ -132,13 +149,18 @@ def plan_scatter(
 def _geometry(caches: Sequence[jax.Array]) -> tuple[object, ...]:
     """What a plan depends on: every array's shape, dtype and sharding, and whether the
     first is committed (where the jit places uncommitted ones)."""
-    arrays = tuple((tuple(c.shape), c.dtype, getattr(c, "sharding", None)) for c in caches)
-    return (arrays, getattr(caches[0], "committed", False))
+    arrays = tuple(
+        (tuple(getattr(c, "shape", ())), getattr(c, "dtype", None), getattr(c, "sharding", None))
+        for c in caches
+    )
+    return (arrays, bool(caches) and getattr(caches[0], "committed", False))
 
 
 def _show(geometry: tuple[object, ...]) -> str:
     arrays = geometry[0]
     assert isinstance(arrays, tuple)
+    if not arrays:
+        return "no arrays"
     shape, dtype, sharding = arrays[0]
     alike = all(a == arrays[0] for a in arrays)
     each = "" if alike else " (not all alike)"
