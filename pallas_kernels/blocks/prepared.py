@@ -146,19 +146,24 @@ def plan_scatter(
     return ScatterPlan(checked, layout, scatter_route(checked, layout, backend, config, interpret))
 
 
-def _geometry(caches: Sequence[jax.Array]) -> tuple[object, ...]:
+# One array's part of a plan's geometry: its shape, dtype and sharding.
+_Array = tuple[tuple[int, ...], object, object]
+# What a plan depends on: every array's part, and whether the first is committed.
+_Geometry = tuple[tuple[_Array, ...], bool]
+
+
+def _geometry(caches: Sequence[jax.Array]) -> _Geometry:
     """What a plan depends on: every array's shape, dtype and sharding, and whether the
     first is committed (where the jit places uncommitted ones)."""
     arrays = tuple(
         (tuple(getattr(c, "shape", ())), getattr(c, "dtype", None), getattr(c, "sharding", None))
         for c in caches
     )
-    return (arrays, bool(caches) and getattr(caches[0], "committed", False))
+    return (arrays, bool(caches) and bool(getattr(caches[0], "committed", False)))
 
 
-def _show(geometry: tuple[object, ...]) -> str:
+def _show(geometry: _Geometry) -> str:
     arrays = geometry[0]
-    assert isinstance(arrays, tuple)
     if not arrays:
         return "no arrays"
     shape, dtype, sharding = arrays[0]

@@ -22,7 +22,7 @@ from jax_kvoffload.transfer import GroupTransfer
 from pallas_kernels.blocks import checks
 from tests.pallas_kernels.cases import LAYOUTS, Case, make_caches
 from tests.transfer.test_engine import LAYOUTS as ENGINE_LAYOUTS
-from tests.transfer.test_engine import make_engine
+from tests.transfer.test_engine import engine_with_blocks_stored, make_engine
 
 LAY = LAYOUTS["nhd"]
 
@@ -69,11 +69,8 @@ def test_plan_reused_on_the_caches_it_donated_raises_cache_error():
 
 
 def test_engine_load_onto_deleted_arrays_reports_a_typed_error():
-    layout, shape = ENGINE_LAYOUTS["nhd"]
-    engine, _ = make_engine(layout, shape, jnp.uint16)
+    engine, _ = engine_with_blocks_stored()
     with engine:
-        engine.submit_store(1, [GroupTransfer(0, (1, 2), (0,))])
-        engine.wait([1])
         engine.submit_load(2, [GroupTransfer(0, (5, 6), (0,))], inline=True)
         for a in engine.arrays(0):
             a.delete()  # donated elsewhere by the caller between submit and wait
@@ -207,11 +204,8 @@ def test_check_block_ids_fast_path_agrees_with_the_numpy_path(ids, num_blocks, u
 
 
 def test_inline_load_discarded_before_wait_writes_nothing_and_is_reported_once():
-    layout, shape = ENGINE_LAYOUTS["nhd"]
-    engine, before = make_engine(layout, shape, jnp.uint16)
+    engine, before = engine_with_blocks_stored()
     with engine:
-        engine.submit_store(1, [GroupTransfer(0, (1, 2), (0,))])
-        engine.wait([1])
         engine.submit_load(2, [GroupTransfer(0, (5, 6), (0,))], inline=True)
         engine.discard(2)
         (result,) = engine.wait([2])
@@ -224,11 +218,8 @@ def test_inline_load_discarded_before_wait_writes_nothing_and_is_reported_once()
 
 @pytest.mark.parametrize("exc", [KeyboardInterrupt, SystemExit])
 def test_inline_load_whose_read_raises_a_base_exception_fails_the_job_only(exc, monkeypatch):
-    layout, shape = ENGINE_LAYOUTS["nhd"]
-    engine, before = make_engine(layout, shape, jnp.uint16)
+    engine, before = engine_with_blocks_stored()
     with engine:
-        engine.submit_store(1, [GroupTransfer(0, (1, 2), (0,))])
-        engine.wait([1])
 
         def broken(*args, **kwargs):
             raise exc("injected")
@@ -244,18 +235,15 @@ def test_inline_load_whose_read_raises_a_base_exception_fails_the_job_only(exc, 
 
 
 def test_inline_loads_interleaved_with_a_store_on_their_chunk_read_in_submission_order():
-    layout, shape = ENGINE_LAYOUTS["nhd"]
-    engine, before = make_engine(layout, shape, jnp.uint16)
+    engine, before = engine_with_blocks_stored()
     with engine:
-        engine.submit_store(1, [GroupTransfer(0, (1, 2), (0,))])
-        engine.wait([1])
         engine.submit_load(2, [GroupTransfer(0, (5, 6), (0,))], inline=True)
         engine.submit_store(3, [GroupTransfer(0, (9, 10), (0,))])  # rewrites chunk 0
         engine.submit_load(4, [GroupTransfer(0, (11, 12), (0,))], inline=True)
         results = engine.wait([2, 3, 4])
         after = [np.asarray(a) for a in engine.arrays(0)]
     assert all(r.success for r in results)
-    kept = [k for k in range(shape[0]) if k not in (5, 6, 11, 12)]
+    kept = [k for k in range(before[0].shape[0]) if k not in (5, 6, 11, 12)]
     for a, b in zip(after, before, strict=True):
         np.testing.assert_array_equal(a[[5, 6]], b[[1, 2]])  # before the store
         np.testing.assert_array_equal(a[[11, 12]], b[[9, 10]])  # after it
@@ -263,10 +251,7 @@ def test_inline_loads_interleaved_with_a_store_on_their_chunk_read_in_submission
 
 
 def test_close_right_after_an_inline_submit_completes_it():
-    layout, shape = ENGINE_LAYOUTS["nhd"]
-    engine, before = make_engine(layout, shape, jnp.uint16)
-    engine.submit_store(1, [GroupTransfer(0, (1, 2), (0,))])
-    engine.wait([1])
+    engine, before = engine_with_blocks_stored()
     engine.submit_load(2, [GroupTransfer(0, (5, 6), (0,))], inline=True)
     engine.close()
     results = engine.get_finished()
@@ -379,11 +364,8 @@ def test_a_real_ctrl_c_during_an_inline_fetch_arrives_after_the_job_is_registere
     import os
     import signal
 
-    layout, shape = ENGINE_LAYOUTS["nhd"]
-    engine, before = make_engine(layout, shape, jnp.uint16)
+    engine, before = engine_with_blocks_stored()
     with engine:
-        engine.submit_store(1, [GroupTransfer(0, (1, 2), (0,))])
-        engine.wait([1])
         real = engine._pool.read_blocks
 
         def ctrl_c(*args, **kwargs):

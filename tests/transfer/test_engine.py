@@ -170,18 +170,25 @@ def test_a_failing_host_write_fails_the_store_and_nothing_else(monkeypatch):
     assert good.success and good.error is None
 
 
-def test_a_failing_load_leaves_the_caches_untouched(monkeypatch):
+def engine_with_blocks_stored():
+    """An nhd uint16 engine whose chunk 0 holds blocks 1 and 2 (job 1, collected)."""
     layout, shape = LAYOUTS["nhd"]
     engine, before = make_engine(layout, shape, jnp.uint16)
+    engine.submit_store(1, [GroupTransfer(0, (1, 2), (0,))])
+    assert engine.wait([1])[0].success
+    return engine, before
+
+
+@pytest.mark.parametrize("inline", [False, True], ids=["load_thread", "inline"])
+def test_a_failing_load_leaves_the_caches_untouched(monkeypatch, inline):
+    engine, before = engine_with_blocks_stored()
     with engine:
-        engine.submit_store(1, [GroupTransfer(0, (1, 2), (0,))])
-        engine.wait([1])
 
         def broken(*args, **kwargs):
             raise OSError("transfer failed")
 
         monkeypatch.setattr(engine._pool, "read_blocks", broken)
-        engine.submit_load(2, [GroupTransfer(0, (5, 6), (0,))])
+        engine.submit_load(2, [GroupTransfer(0, (5, 6), (0,))], inline=inline)  # no raise
         (result,) = engine.wait([2])
         after = [np.asarray(a) for a in engine.arrays(0)]
     assert not result.success and "OSError" in result.error
@@ -365,25 +372,6 @@ def test_an_inline_load_behind_a_store_on_its_rows_waits_on_the_load_thread(monk
     assert store.success and load.success and names == ["kv-load_0"]
     for layer in range(2):  # the load read what the store wrote, not the rows before it
         np.testing.assert_array_equal(after[layer][[7, 8]], before[layer][[1, 2]])
-
-
-def test_an_inline_load_that_fails_is_reported_failed_and_writes_nothing(monkeypatch):
-    layout, shape = LAYOUTS["nhd"]
-    engine, before = make_engine(layout, shape, jnp.uint16)
-    with engine:
-        engine.submit_store(1, [GroupTransfer(0, (1, 2), (0,))])
-        engine.wait([1])
-
-        def broken(*args, **kwargs):
-            raise OSError("transfer failed")
-
-        monkeypatch.setattr(engine._pool, "read_blocks", broken)
-        engine.submit_load(2, [GroupTransfer(0, (5, 6), (0,))], inline=True)  # no raise
-        (result,) = engine.wait([2])
-        after = [np.asarray(a) for a in engine.arrays(0)]
-    assert not result.success and "OSError" in result.error
-    for layer in range(2):
-        np.testing.assert_array_equal(after[layer], before[layer])
 
 
 def test_an_inline_load_with_futures_to_wait_for_runs_on_the_load_thread(monkeypatch):
