@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import math
 
 import jax
@@ -154,6 +155,17 @@ class KVLayout:
 
     def check_cache(self, shape: tuple[int, ...], dtype: np.dtype, *, name: str) -> None:
         """Raises a typed error unless ``shape``/``dtype`` fit this layout."""
+        # Every gather and scatter checks its caches; a geometry that passed once passes
+        # again (a raise is not remembered), and the RPA checks cost a few µs per call.
+        try:
+            key = (tuple(shape), np.dtype(dtype))
+            hash(key)
+        except TypeError:  # not a shape or dtype: the checks below name what is wrong
+            self._check_cache(shape, dtype, name)
+            return
+        _checked(self, *key, name)
+
+    def _check_cache(self, shape: tuple[int, ...], dtype: np.dtype, name: str) -> None:
         if len(shape) != self.rank:
             raise LayoutMismatchError(
                 f"{name} has shape {tuple(shape)} (rank {len(shape)}), but layout "
@@ -190,6 +202,11 @@ class KVLayout:
                 "uint16, uint32, ...); bitcast it first, e.g. "
                 "jax.lax.bitcast_convert_type(cache, jnp.uint16)"
             )
+
+
+@functools.lru_cache(maxsize=512)
+def _checked(layout: KVLayout, shape: tuple[int, ...], dtype: np.dtype, name: str) -> None:
+    layout._check_cache(shape, dtype, name)
 
 
 def check_rpa_dtype(dtype: npt.DTypeLike) -> None:
