@@ -13,6 +13,7 @@ prefix bit for bit each time. Prints "ok <n>"; raises otherwise.
 """
 
 import os
+import sys
 
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
 
@@ -140,8 +141,46 @@ def check_offloader_remesh(dtype: str, heads: int) -> None:
                 assert np.array_equal(pad, ref), f"padding of loaded blocks 2->{s}"
 
 
+def check_sharded_refusals() -> int:
+    """A sharded RPA cache whose rows do not hold the model's heads on its mesh is
+    refused, by the engine and by the offloader, with a typed error naming the shards
+    (fp8, 4 heads: packed for 4 shards each padded to one row, placed on 2 devices,
+    where 2 rows a shard would hold 3-4 heads each: 6 or 8 in all, never 4)."""
+    from jax_kvoffload.offloader import CacheConfigMismatchError
+    from jax_kvoffload.transfer import TransferError
+
+    four = rpa_bits("fp8_e4m3", 4, 4, seed=7)
+    refused = 0
+    # 4 heads: not these rows on 2 shards; 3: a head count that does not split over 2
+    for heads, words in ((4, "sharded over 2 KV-head shard(s)"), (3, "over shards=2")):
+        try:
+            GroupCaches(put(four, 2), "rpa", canonical_kv_heads=heads)
+        except TransferError as e:
+            assert "arrays[0]" in str(e) and words in str(e), e
+            refused += 1
+    # the same rows on the mesh they were packed for are accepted
+    GroupCaches(put(four, 4, two_axes=True), "rpa", canonical_kv_heads=4)
+    said = {  # the canonical-page check; the bytes-per-block check, with the right shape
+        True: ["sharded over 2 KV-head shard(s) should have (kv_rows, packing) = (2, 4)"],
+        False: ["(float8_e4m3fn, 2 KV-head shard(s)) hold 6 or 8 KV heads", "(12, 4, 2, 4, 128)"],
+    }
+    for canonical, words in said.items():
+        cfg = rpa_config("fp8_e4m3", 4, canonical=canonical)
+        try:
+            KVOffloader(cfg, put(four, 2), backend="xla", total_kv_heads=4).close()
+        except CacheConfigMismatchError as e:
+            assert all(w in str(e) for w in words), e
+            refused += 1
+        KVOffloader(cfg, put(four, 4), backend="xla", total_kv_heads=4).close()
+    assert refused == 4, refused
+    return refused
+
+
 def main():
-    checked = 0
+    if sys.argv[1:] == ["refusals"]:
+        print("ok", check_sharded_refusals())
+        return
+    checked = check_sharded_refusals()
     for dtype, heads in CASES:
         checked += check_meshes(dtype, heads)
     check_offloader_remesh("fp8_e4m3", 4)

@@ -35,6 +35,23 @@ def test_rpa_prefix_moves_between_meshes_bit_for_bit():
     assert proc.stdout.split()[0] == "ok" and int(proc.stdout.split()[1]) >= 50
 
 
+def test_sharded_rpa_caches_of_other_rows_are_refused_naming_the_shards():
+    """fp8 caches packed for 4 shards, placed on 2 devices: the engine and the offloader
+    (canonical or not) refuse them with typed errors that name the 2 shards and the
+    shape those would need; on the 4 devices they were packed for they are accepted."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.canonical._rpa_mesh_script", "refusals"],
+        cwd=ROOT,
+        env={k: v for k, v in os.environ.items() if k != "XLA_FLAGS"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert proc.stdout.split() == ["ok", "4"], proc.stdout
+
+
 def test_canonical_rpa_pages_drop_the_padding_on_one_device():
     """fp8 with 3 heads on one device: 6 real slots in 8; host rows hold the 6 only, and
     a load keeps the target's 2 padding slots (noise) of every loaded block."""
