@@ -84,7 +84,9 @@ def scatter_pages(
 ) -> list[jax.Array]:
     """Writes ``staging[i, l]`` (one page) into page ``block_ids[i]`` of array l, in
     each cache's own shape: in its own type where that keeps bits (``keeps_bits``),
-    else as same-width integers, fenced (``layout.fenced``; the API passes its fence)."""
+    else as same-width integers, fenced (``layout.fenced``; the API passes its fence).
+    Like ``reference.scatter_pages`` but kept apart from it: the oracle shares no code
+    with what it checks, and this one also skips bitcasts and promises unique ids."""
     dtype = caches[0].dtype
     own = keeps_bits(dtype)
     staged = as_dtype(staging, dtype) if own else fenced(as_bits(staging), fence)

@@ -20,18 +20,24 @@ from tests.canonical.rpa_common import hashes, rpa_bits, rpa_config, to_device
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.slow  # one process, 8 devices, 7 dtype/head cases x up to 16 mesh pairs: ~50 s
-def test_rpa_prefix_moves_between_meshes_bit_for_bit():
+def _mesh_script(*args: str, timeout: int) -> subprocess.CompletedProcess:
+    """`_rpa_mesh_script.py` in its own process (it sets 8 simulated devices), checked."""
     proc = subprocess.run(
-        [sys.executable, "-m", "tests.canonical._rpa_mesh_script"],
+        [sys.executable, "-m", "tests.canonical._rpa_mesh_script", *args],
         cwd=ROOT,
         env={k: v for k, v in os.environ.items() if k != "XLA_FLAGS"},
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=timeout,
         check=False,
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return proc
+
+
+@pytest.mark.slow  # one process, 8 devices, 7 dtype/head cases x up to 16 mesh pairs: ~50 s
+def test_rpa_prefix_moves_between_meshes_bit_for_bit():
+    proc = _mesh_script(timeout=600)
     assert proc.stdout.split()[0] == "ok" and int(proc.stdout.split()[1]) >= 50
 
 
@@ -39,16 +45,7 @@ def test_sharded_rpa_caches_of_other_rows_are_refused_naming_the_shards():
     """fp8 caches packed for 4 shards, placed on 2 devices: the engine and the offloader
     (canonical or not) refuse them with typed errors that name the 2 shards and the
     shape those would need; on the 4 devices they were packed for they are accepted."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "tests.canonical._rpa_mesh_script", "refusals"],
-        cwd=ROOT,
-        env={k: v for k, v in os.environ.items() if k != "XLA_FLAGS"},
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    proc = _mesh_script("refusals", timeout=300)
     assert proc.stdout.split() == ["ok", "4"], proc.stdout
 
 
